@@ -1,0 +1,246 @@
+"""One causal self-attention layer for every model family; a variant changes it through a few hooks.
+
+The layer projects q/k/v, applies rotary positions, then calls the variant's hooks in order:
+``transform_qkv`` (temperatures, gates on q/k/v) -> ``attend`` (SDPA by default) -> ``transform_heads``
+(gates on the per-head output) -> head mask -> output projection -> ``transform_output`` (gate after W_o).
+A variant overrides only the hooks its math needs, so its equations fit on one screen.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """Sizes a variant is built for; ``block_size`` is the training context (clipped softmax's T_ctx)."""
+
+    n_embd: int
+    n_head: int
+    n_kv_head: int
+    head_dim: int
+    block_size: int
+    n_layer: int
+    layer_idx: int
+
+
+@dataclass
+class AttentionContext:
+    """Per-forward inputs shared by all layers: absolute positions, cache offset, position biases, token ids."""
+
+    positions: Tensor  # (T,) absolute 0-based positions of the queries; n_t = positions + 1
+    past_len: int = 0  # keys already in the KV cache before these queries
+    rope: tuple[Tensor, Tensor] | None = None  # cos, sin for the query positions, (T, rotary_dim)
+    alibi_slopes: Tensor | None = None  # (H,) ALiBi slopes; adds -slope * distance to the scores
+    token_features: Tensor | None = None  # (B, T) per-token features (standardised log frequency)
+
+    def mask(self, t_q: int, t_k: int, dtype: torch.dtype) -> tuple[Tensor | None, bool]:
+        """SDPA's ``(attn_mask, is_causal)``: the fused causal flag where it is exact, else an explicit mask."""
+        if self.alibi_slopes is None and t_q == t_k:
+            return None, True
+        if self.alibi_slopes is None and t_q == 1:
+            return None, False
+        device = self.positions.device
+        query = torch.arange(t_q, device=device)[:, None] + (t_k - t_q)
+        key = torch.arange(t_k, device=device)[None, :]
+        mask = torch.zeros(t_q, t_k, device=device, dtype=dtype).masked_fill(key > query, float("-inf"))
+        if self.alibi_slopes is not None:
+            distance = (query - key).clamp(min=0).to(dtype)
+            mask = mask - self.alibi_slopes.to(dtype)[:, None, None] * distance
+        return mask, False
+
+
+@dataclass
+class VariantOptions:
+    """Options every variant has. Subclasses add theirs and validate in ``__post_init__``."""
+
+    name: str = "vanilla"
+    temperature_lr: float | None = None  # learning rate for the variant's own parameters; None: the model's
+
+
+class AttentionVariant(nn.Module):
+    """Identity hooks = vanilla attention through ``F.scaled_dot_product_attention``."""
+
+    Options: ClassVar[type[VariantOptions]] = VariantOptions
+    fused: ClassVar[bool] = True  # whether ``attend`` uses the fused SDPA kernel
+    needs_token_features: ClassVar[bool] = False
+
+    def __init__(self, shape: AttentionShape, options: VariantOptions) -> None:
+        super().__init__()
+        self.shape = shape
+        self.options = options
+        self.scale = 1.0 / math.sqrt(shape.head_dim)
+
+    def reset_parameters(self) -> None:
+        """Pretraining init of the variant's own parameters (called after the model's global init)."""
+
+    def init_for_finetuning(self) -> None:
+        """Re-initialise so that the layer computes exactly what the pretrained layer did."""
+        self.reset_parameters()
+
+    def transform_qkv(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext):
+        """Rescale or gate q (B,H,T,dh), k and v (B,KV,T,dh) computed from the layer input x (B,T,d)."""
+        return q, k, v
+
+    def probabilities(self, scores: Tensor) -> Tensor:
+        """Row-wise attention probabilities from masked fp32 scores (reference path)."""
+        return torch.softmax(scores, dim=-1)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout: float) -> Tensor:
+        """The attention itself; the default is the fused kernel."""
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout, enable_gqa=q.shape[1] != k.shape[1]
+        )
+
+    def transform_heads(self, x: Tensor, o: Tensor, ctx: AttentionContext) -> Tensor:
+        """Gate the per-head outputs o (B,H,T,dh) before the output projection."""
+        return o
+
+    def transform_output(self, x: Tensor, y: Tensor, ctx: AttentionContext) -> Tensor:
+        """Gate the layer output y (B,T,d) after the output projection."""
+        return y
+
+    def reference_attention(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool
+    ) -> tuple[Tensor, Tensor]:
+        """Plain-math attention returning (output, probabilities): the oracle for tests and analysis."""
+        groups = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        scores = (q.float() @ k.float().transpose(-2, -1)) * self.scale
+        scores = scores + _as_additive(mask, is_causal, scores.shape[-2], scores.shape[-1], scores.device)
+        probs = self.probabilities(scores)
+        return (probs @ v.float()).to(q.dtype), probs
+
+
+def _as_additive(mask: Tensor | None, is_causal: bool, t_q: int, t_k: int, device: torch.device) -> Tensor:
+    if mask is not None:
+        return mask.float()
+    if not is_causal:
+        return torch.zeros((), device=device)
+    future = torch.ones(t_q, t_k, dtype=torch.bool, device=device).triu(1 + t_k - t_q)
+    return torch.zeros(t_q, t_k, device=device).masked_fill(future, float("-inf"))
+
+
+@dataclass(frozen=True)
+class _Preset:
+    variant: type[AttentionVariant]
+    defaults: dict[str, Any]
+
+
+_PRESETS: dict[str, _Preset] = {}
+
+
+def register(name: str, **defaults: Any):
+    """Class decorator: make ``attention.name=<name>`` build this variant with these option defaults."""
+
+    def decorate(cls: type[AttentionVariant]) -> type[AttentionVariant]:
+        register_preset(name, cls, **defaults)
+        return cls
+
+    return decorate
+
+
+def register_preset(name: str, variant: type[AttentionVariant], **defaults: Any) -> None:
+    """Register a named configuration of an existing variant (e.g. ``temp_q`` = SSA on q only)."""
+    if name in _PRESETS:
+        raise ValueError(f"attention {name!r} registered twice")
+    _PRESETS[name] = _Preset(variant, defaults)
+
+
+def available_attention() -> list[str]:
+    return sorted(_PRESETS)
+
+
+def resolve_options(attention: dict[str, Any]) -> tuple[type[AttentionVariant], VariantOptions]:
+    """Validate an ``attention`` config mapping into the variant class and its options."""
+    values = dict(attention)
+    name = values.get("name", "vanilla")
+    if name not in _PRESETS:
+        raise ConfigError("attention.name", f"unknown attention {name!r}; allowed: {', '.join(available_attention())}")
+    preset = _PRESETS[name]
+    allowed = {f.name for f in fields(preset.variant.Options)}
+    unknown = sorted(set(values) - allowed)
+    if unknown:
+        raise ConfigError(
+            f"attention.{unknown[0]}", f"not an option of attention={name}; allowed: {', '.join(sorted(allowed))}"
+        )
+    return preset.variant, preset.variant.Options(**{**preset.defaults, **values, "name": name})
+
+
+def build_variant(attention: dict[str, Any], shape: AttentionShape) -> AttentionVariant:
+    variant_class, options = resolve_options(attention)
+    return variant_class(shape, options)
+
+
+class KVCache:
+    """Keys and values of one layer seen so far, for incremental decoding."""
+
+    def __init__(self) -> None:
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head (or grouped-query) causal self-attention whose math comes from ``self.variant``."""
+
+    def __init__(self, shape: AttentionShape, attention: dict[str, Any], bias: bool, dropout: float) -> None:
+        super().__init__()
+        self.shape = shape
+        h, kv, dh = shape.n_head, shape.n_kv_head, shape.head_dim
+        self.qkv = nn.Linear(shape.n_embd, (h + 2 * kv) * dh, bias=bias)
+        self.proj = nn.Linear(h * dh, shape.n_embd, bias=bias)
+        self.dropout = dropout
+        self.variant = build_variant(attention, shape)
+        # Michel et al.: xi_h multiplies head h's output; all ones is the unmasked model.
+        self.register_buffer("head_mask", torch.ones(h))
+        self.record_probabilities = False  # analysis only: use the reference path and keep the map
+        self.probabilities: Tensor | None = None
+
+    def forward(self, x: Tensor, ctx: AttentionContext, cache: KVCache | None = None) -> Tensor:
+        batch, t, _ = x.shape
+        h, kv, dh = self.shape.n_head, self.shape.n_kv_head, self.shape.head_dim
+        q, k, v = self.qkv(x).split([h * dh, kv * dh, kv * dh], dim=-1)
+        q = q.view(batch, t, h, dh).transpose(1, 2)
+        k = k.view(batch, t, kv, dh).transpose(1, 2)
+        v = v.view(batch, t, kv, dh).transpose(1, 2)
+        if ctx.rope is not None:
+            q, k = apply_rotary(q, *ctx.rope), apply_rotary(k, *ctx.rope)
+        q, k, v = self.variant.transform_qkv(x, q, k, v, ctx)
+        if cache is not None:
+            k, v = cache.update(k, v)
+        mask, is_causal = ctx.mask(t, k.shape[2], q.dtype)
+        if self.record_probabilities:
+            o, self.probabilities = self.variant.reference_attention(q, k, v, mask, is_causal)
+        else:
+            o = self.variant.attend(q, k, v, mask, is_causal, self.dropout if self.training else 0.0)
+        o = self.variant.transform_heads(x, o, ctx)
+        o = o * self.head_mask.view(1, h, 1, 1).to(o.dtype)
+        y = self.proj(o.transpose(1, 2).reshape(batch, t, h * dh))
+        return self.variant.transform_output(x, y, ctx)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """GPT-NeoX/Llama rotary on the first ``cos.shape[-1]`` dims of each head (rotate-half convention)."""
+    rotary_dim = cos.shape[-1]
+    rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
+    half = rotary_dim // 2
+    rotated = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
+    rot = rot * cos.to(x.dtype) + rotated * sin.to(x.dtype)
+    return torch.cat([rot, rest], dim=-1) if rest.shape[-1] else rot
