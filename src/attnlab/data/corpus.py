@@ -19,6 +19,9 @@ DUMP_GLOB = "enwiki-*-shortened.bz2"
 _DROP_LINK_PREFIXES = ("file:", "image:", "category:", "media:")
 _DROP_TAGS = {"table", "gallery", "ref", "math", "timeline", "imagemap", "score", "chem"}
 _MIN_LINE_WORDS = 4
+_LEFTOVER_REF = re.compile(r"<ref[^>]*?/>|<ref[^>]*>.*?</ref>", re.DOTALL | re.IGNORECASE)
+_LEFTOVER_TAG = re.compile(r"</?[a-zA-Z][^<>]*>")
+_MARKUP_LINE = re.compile(r"^[|!]|^\{\||\[\[|\]\]|\{\{|\}\}|(^|\|)(thumb|upright|left|right|\d+px)\||&nbsp;")
 
 
 def wiki_dump_path() -> Path:
@@ -50,19 +53,21 @@ def iter_articles(dump: Path) -> Iterator[tuple[str, str]]:
 def clean_wikitext(wikitext: str) -> str:
     """Turn wiki markup into plain prose: drop files, tables, references and templates, keep paragraphs."""
     code = mwparserfromhell.parse(wikitext)
-    for link in code.filter_wikilinks(recursive=False):
+    for link in code.filter_wikilinks():
         if str(link.title).strip().lower().startswith(_DROP_LINK_PREFIXES):
             _remove(code, link)
-    for tag in code.filter_tags(recursive=False):
+    for tag in code.filter_tags():
         if str(tag.tag).strip().lower() in _DROP_TAGS:
             _remove(code, tag)
     for template in code.filter_templates(recursive=False):
         _remove(code, template)
     text = code.strip_code(normalize=True, collapse=True)
+    # What the parser leaves of malformed markup (unclosed refs, broken tables, image captions) is dropped.
+    text = _LEFTOVER_REF.sub("", text)
     lines = []
     for line in text.splitlines():
-        line = re.sub(r"[ \t]+", " ", line).strip()
-        if len(line.split()) >= _MIN_LINE_WORDS:
+        line = re.sub(r"[ \t]+", " ", _LEFTOVER_TAG.sub("", line)).strip()
+        if len(line.split()) >= _MIN_LINE_WORDS and not _MARKUP_LINE.search(line):
             lines.append(line)
     return "\n".join(lines)
 

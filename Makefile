@@ -1,0 +1,40 @@
+# attnlab: `make help` lists the targets.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+ARGS ?=
+SCALE ?= cpu
+
+.DEFAULT_GOAL := help
+.PHONY: help install train test test-slow lint format bench clean
+
+help:  ## list the targets
+	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)  ## create .venv and install attnlab with torch==2.13.0 (CPU wheel) and dev tools
+
+train: $(STAMP)  ## train the default tiny model on the embedded corpus (extra Hydra overrides: ARGS="...")
+	$(PY) train.py $(ARGS)
+
+test: $(STAMP)  ## the default test suite (a few minutes on CPU)
+	$(PY) -m pytest -q $(ARGS)
+
+test-slow: $(STAMP)  ## the slow tests: longer CPU training runs per variant
+	$(PY) -m pytest -q -m slow $(ARGS)
+
+lint: $(STAMP)  ## ruff check
+	$(VENV)/bin/ruff check .
+
+format: $(STAMP)  ## ruff format and fix imports
+	$(VENV)/bin/ruff check --fix --select I .
+	$(VENV)/bin/ruff format .
+
+clean:  ## remove outputs and caches (keeps .venv)
+	rm -rf outputs multirun .cache .pytest_cache .ruff_cache

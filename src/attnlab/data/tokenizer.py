@@ -1,0 +1,82 @@
+"""Tokenizers: the model's own from the hub or a checkpoint, or a byte-level BPE trained on the training split."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+from attnlab.errors import ConfigError
+
+EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>")
+BPE_EOS = "<|endoftext|>"
+
+
+def load_pretrained_tokenizer(name_or_path: str) -> Tokenizer:
+    """A ``tokenizer.json`` file, a directory holding one, a ``hf:`` checkpoint or a hub repo id."""
+    name_or_path = name_or_path.removeprefix("hf:")
+    path = Path(name_or_path)
+    if path.is_file():
+        return Tokenizer.from_file(str(path))
+    if path.is_dir():
+        file = path / "tokenizer.json"
+        if not file.is_file():
+            raise ConfigError("model.tokenizer", f"{path} has no tokenizer.json")
+        return Tokenizer.from_file(str(file))
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(name_or_path, "tokenizer.json")
+        if isinstance(cached, str):
+            return Tokenizer.from_file(cached)
+        raise ConfigError(
+            "model.tokenizer",
+            f"tokenizer {name_or_path!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE=1; "
+            "run once with internet access or point model.tokenizer at a directory with tokenizer.json",
+        )
+    try:
+        return Tokenizer.from_pretrained(name_or_path)
+    except Exception as exc:
+        raise ConfigError(
+            "model.tokenizer",
+            f"could not fetch tokenizer {name_or_path!r} from the Hugging Face hub ({exc.__class__.__name__}); "
+            "check the name and your network, or point model.tokenizer at a directory with tokenizer.json",
+        ) from exc
+
+
+def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
+    """Byte-level BPE (GPT-2 style) with ``<|endoftext|>`` as its only special token."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[BPE_EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_batched(texts), trainer=trainer)
+    return tokenizer
+
+
+def eos_token_id(tokenizer: Tokenizer) -> int:
+    """The end-of-document token that separates packed documents."""
+    for token in EOS_CANDIDATES:
+        token_id = tokenizer.token_to_id(token)
+        if token_id is not None:
+            return token_id
+    raise ConfigError("model.tokenizer", f"tokenizer has none of the end-of-text tokens {EOS_CANDIDATES}")
+
+
+def _batched(texts: Iterable[str], size: int = 1000) -> Iterator[list[str]]:
+    batch: list[str] = []
+    for text in texts:
+        batch.append(text)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch

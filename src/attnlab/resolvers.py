@@ -1,0 +1,15 @@
+"""OmegaConf resolvers used by conf/: registered on import, before Hydra composes anything."""
+
+from __future__ import annotations
+
+import secrets
+from datetime import datetime
+
+from omegaconf import OmegaConf
+
+# One id per process: a timestamp plus random hex, so two runs started in the same second never share a
+# directory, while every interpolation inside one process (hydra.run.dir, a sweep's dir) sees the same id.
+RUN_ID = f"{datetime.now():%Y-%m-%d_%H-%M-%S}_{secrets.token_hex(3)}"
+
+if not OmegaConf.has_resolver("run_id"):
+    OmegaConf.register_new_resolver("run_id", lambda: RUN_ID)

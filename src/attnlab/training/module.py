@@ -1,0 +1,115 @@
+"""The LightningModule: owns the loss, the optimiser groups, the schedule and what gets logged."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torchmetrics.aggregation import MeanMetric
+
+from attnlab.errors import require_choice
+from attnlab.models import GPT, ModelConfig
+
+SCHEDULES = ("cosine", "constant")
+
+
+class LanguageModel(L.LightningModule):
+    """Next-token prediction for a ``GPT`` built from plain config mappings (so checkpoints rebuild it exactly)."""
+
+    def __init__(
+        self,
+        model: dict[str, Any],
+        attention: dict[str, Any],
+        optim: dict[str, Any],
+        pretrained: GPT | None = None,
+    ) -> None:
+        """``pretrained``: an already-built GPT (fine-tuning) whose config equals ``model``; not saved as hparam."""
+        super().__init__()
+        self.save_hyperparameters(ignore=["pretrained"])
+        require_choice(optim.get("schedule", "cosine"), SCHEDULES, "optim.schedule")
+        self.model = pretrained if pretrained is not None else GPT(ModelConfig.from_dict(dict(model)), dict(attention))
+        self.optim = dict(optim)
+        self.val_loss = MeanMetric()
+
+    def forward(self, idx: Tensor, start_pos: int = 0) -> Tensor:
+        return self.model(idx, start_pos)
+
+    def loss(self, batch: dict[str, Tensor]) -> Tensor:
+        tokens = batch["input_ids"].long()
+        logits = self.model(tokens[:, :-1])
+        return F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        loss = self.loss(batch)
+        self.log("train/loss", loss, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        tokens = batch["input_ids"]
+        self.val_loss.update(self.loss(batch), weight=tokens[:, 1:].numel())
+
+    def on_validation_epoch_end(self) -> None:
+        loss = self.val_loss.compute()
+        self.val_loss.reset()
+        self.log("val/loss", loss, prog_bar=True, sync_dist=False)
+        self.log("val/ppl", torch.exp(loss), prog_bar=True, sync_dist=False)
+
+    @property
+    def flops_per_batch(self) -> float | None:
+        """Read by Lightning's ThroughputMonitor to log achieved FLOP/s and MFU."""
+        shape = getattr(self, "_batch_shape", None)
+        if shape is None:
+            return None
+        batch, length = shape
+        return self.model.flops_per_token(length) * batch * length
+
+    def on_train_batch_start(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        batch_size, width = batch["input_ids"].shape
+        self._batch_shape = (batch_size, width - 1)
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        """AdamW over three groups: decayed matrices; norms, biases and embeddings; the variant's own parameters."""
+        cfg = self.optim
+        variant = {name for name, _ in self.model.variant_parameters()}
+        decay, no_decay, variant_params = [], [], []
+        for name, param in self.model.named_parameters():
+            if not param.requires_grad:
+                continue
+            if name in variant:
+                variant_params.append(param)
+            elif param.ndim >= 2 and not name.startswith(("wte.", "wpe.")):
+                decay.append(param)
+            else:
+                no_decay.append(param)
+        groups = [
+            {"params": decay, "weight_decay": cfg["weight_decay"], "name": "decay"},
+            {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"},
+        ]
+        if variant_params:
+            temperature_lr = self.hparams.attention.get("temperature_lr") or cfg["lr"]
+            groups.append({"params": variant_params, "weight_decay": 0.0, "lr": temperature_lr, "name": "variant"})
+        optimizer = torch.optim.AdamW(
+            groups, lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]), eps=cfg.get("eps", 1e-8)
+        )
+        total = self.trainer.estimated_stepping_batches
+        schedule = warmup_cosine(cfg["warmup_steps"], int(total), cfg["min_lr_ratio"], cfg.get("schedule", "cosine"))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def warmup_cosine(warmup_steps: int, total_steps: int, min_ratio: float, kind: str = "cosine"):
+    """Linear warmup, then cosine decay to ``min_ratio`` of the peak (or constant, the fine-tuning setting)."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        if kind == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor

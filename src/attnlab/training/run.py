@@ -1,0 +1,153 @@
+"""The training job behind ``python train.py``: compose data, model, callbacks, loggers and trainer, then fit."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from attnlab.data import TextDataModule
+from attnlab.errors import ConfigError, require
+from attnlab.models import GPT, ModelConfig
+from attnlab.training.module import LanguageModel
+
+log = logging.getLogger(__name__)
+
+
+def container(node: Any) -> Any:
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+
+
+def output_dir(cfg: DictConfig) -> Path:
+    """The run's own directory: Hydra's when running under it, else ``paths.output_dir``."""
+    if HydraConfig.initialized():
+        return Path(HydraConfig.get().runtime.output_dir)
+    return Path(cfg.paths.output_dir)
+
+
+def model_and_attention(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any], GPT | None]:
+    """Model config, attention config and (when fine-tuning) the pretrained model they describe."""
+    ckpt_path = cfg.get("ckpt_path")
+    if ckpt_path:
+        require(Path(ckpt_path).is_file(), "ckpt_path", f"no checkpoint at {ckpt_path}")
+        hparams = torch.load(ckpt_path, map_location="cpu", weights_only=False)["hyper_parameters"]
+        log.info("Resuming %s: model and attention come from the checkpoint", ckpt_path)
+        return dict(hparams["model"]), dict(hparams["attention"]), None
+    model, attention = container(cfg.model), container(cfg.attention)
+    if model.get("init_from"):
+        from attnlab.models.hf import from_hf, parse_init_from
+
+        pretrained = from_hf(parse_init_from(model["init_from"]), attention=attention)
+        if model.get("head_mask") is not None:
+            pretrained.set_head_mask(torch.tensor(model["head_mask"]))
+        converted = pretrained.config.to_dict()
+        converted.update(init_from=None, head_mask=model.get("head_mask"), tokenizer=model.get("tokenizer"))
+        converted["extra"] = {**converted.get("extra", {}), "init_from": model["init_from"]}
+        return converted, attention, pretrained
+    ModelConfig.from_dict(model)  # validate early, before any data work
+    return model, attention, None
+
+
+def build_datamodule(cfg: DictConfig, model: dict[str, Any]) -> TextDataModule:
+    require(
+        cfg.data.block_size <= model["block_size"],
+        "data.block_size",
+        f"{cfg.data.block_size} exceeds the model's context model.block_size={model['block_size']}",
+    )
+    return instantiate(cfg.data, tokenizer=model.get("tokenizer") or (cfg.data.get("tokenizer") or None))
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    """Train one model; returns (and writes to ``results.json``) the final metrics."""
+    L.seed_everything(cfg.seed, workers=True)
+    out = output_dir(cfg)
+    model_cfg, attention, pretrained = model_and_attention(cfg)
+    datamodule = build_datamodule(cfg, model_cfg)
+    datamodule.prepare_data()
+    vocab = datamodule.vocab_size
+    if model_cfg.get("tokenizer") or pretrained is not None:
+        require(vocab <= model_cfg["vocab_size"], "model.vocab_size", f"{model_cfg['vocab_size']} < tokenizer's {vocab}")
+    else:
+        model_cfg["vocab_size"] = vocab
+    module = LanguageModel(model_cfg, attention, container(cfg.optim), pretrained=pretrained)
+    module.model.set_token_frequencies(torch.from_numpy(datamodule.token_counts))
+    log.info(describe_model(module.model, attention))
+
+    callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
+    loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
+    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    for logger in loggers:
+        logger.log_hyperparams(container(cfg))
+
+    unigram = datamodule.unigram_perplexity()
+    log.info("Unigram baseline (add-one, training counts) validation perplexity: %.1f", unigram)
+    started = time.perf_counter()
+    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    seconds = time.perf_counter() - started
+
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if torch.as_tensor(v).numel() == 1}
+    checkpoint = trainer.checkpoint_callback
+    tokens = trainer.global_step * cfg.data.batch_size * cfg.data.block_size * trainer.world_size
+    results = {
+        "experiment": cfg.experiment_name,
+        "model": model_cfg["name"],
+        "attention": attention["name"],
+        "val_loss": metrics.get("val/loss"),
+        "val_ppl": metrics.get("val/ppl"),
+        "unigram_ppl": unigram,
+        "steps": trainer.global_step,
+        "train_tokens": tokens,
+        "train_seconds": seconds,
+        "tokens_per_second": tokens / seconds if seconds > 0 else None,
+        "parameters": module.model.num_parameters(),
+        "best_checkpoint": getattr(checkpoint, "best_model_path", None) or None,
+        "last_checkpoint": getattr(checkpoint, "last_model_path", None) or None,
+        "output_dir": str(out),
+    }
+    if trainer.is_global_zero:
+        (out / "results.json").write_text(json.dumps(results, indent=2))
+        print(summary(results))
+    return results
+
+
+def describe_model(model: GPT, attention: dict[str, Any]) -> str:
+    """Parameter count and what the attention variant adds, with its share of the model."""
+    total = model.num_parameters()
+    added = sum(p.numel() for _, p in model.variant_parameters())
+    return (
+        f"Model {model.config.name} ({model.config.family}): {total:,} parameters; "
+        f"attention={attention['name']} adds {added:,} ({100 * added / total:.3f}% of the model)"
+    )
+
+
+def summary(results: dict[str, Any]) -> str:
+    val_ppl = results["val_ppl"]
+    ppl = f"{val_ppl:.1f}" if val_ppl is not None else "n/a"
+    rate = results["tokens_per_second"] or 0.0
+    return (
+        f"\nattnlab: {results['model']} + attention={results['attention']}, {results['steps']} steps, "
+        f"{results['train_tokens']:,} tokens in {results['train_seconds']:.0f} s ({rate:,.0f} tokens/s)\n"
+        f"  validation perplexity {ppl}  vs  unigram baseline {results['unigram_ppl']:.1f}\n"
+        f"  outputs: {results['output_dir']}\n"
+    )
+
+
+def main(cfg: DictConfig) -> dict[str, Any]:
+    """Hydra task: a bad config prints one line naming the key and exits 2; W&B is closed after every run."""
+    try:
+        return run(cfg)
+    except ConfigError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    finally:
+        import wandb
+
+        if wandb.run is not None:
+            wandb.finish()

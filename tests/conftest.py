@@ -1,0 +1,69 @@
+"""Shared fixtures. The hub is never reached from tests: offline mode is set before any HF import."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+from hydra.core.global_hydra import GlobalHydra  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from omegaconf import DictConfig, open_dict  # noqa: E402
+
+import attnlab.resolvers  # noqa: E402, F401
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+
+# A model small enough that a CPU step takes milliseconds.
+MICRO_MODEL = ["model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=64"]
+MICRO_DATA = ["data.block_size=32", "data.batch_size=4", "data.tokenizer_vocab_size=512"]
+
+
+@pytest.fixture(scope="session")
+def data_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One corpus/tokenizer/blocks cache for the whole session, so the embedded corpus is prepared once."""
+    return tmp_path_factory.mktemp("attnlab-cache")
+
+
+def compose_config(overrides: list[str], output_dir: Path, cache_dir: Path) -> DictConfig:
+    """Compose conf/train.yaml as ``python train.py <overrides>`` would, with outputs under ``output_dir``."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=overrides, return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.paths.log_dir = str(output_dir)
+        cfg.paths.cache_dir = str(cache_dir)
+        cfg.paths.root_dir = str(ROOT)
+        cfg.hydra.runtime.output_dir = str(output_dir)
+        cfg.hydra.runtime.cwd = str(ROOT)
+        cfg.hydra.job.num = 0
+    HydraConfig().set_config(cfg)
+    return cfg
+
+
+@pytest.fixture
+def make_config(tmp_path: Path, data_cache: Path):
+    """``make_config([...overrides])`` -> a composed config writing into this test's tmp dir."""
+
+    def make(overrides: list[str], output_dir: Path | None = None) -> DictConfig:
+        return compose_config(overrides, output_dir or tmp_path / "run", data_cache)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def wiki_docs() -> list[dict[str, str]]:
+    """A dozen real articles from the embedded corpus (parsing stops early)."""
+    from itertools import islice
+
+    from attnlab.data.corpus import wiki_sample_documents
+
+    return list(islice(wiki_sample_documents(), 12))

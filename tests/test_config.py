@@ -1,0 +1,67 @@
+"""Every option of every config group composes, resolves and builds what it names."""
+
+from __future__ import annotations
+
+import pytest
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from attnlab.attention import resolve_options
+from attnlab.models import ModelConfig
+from tests.conftest import CONF
+
+GROUPS = ["model", "attention", "data", "trainer", "logger", "callbacks", "paths", "hydra", "experiment", "debug"]
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def test_every_group_has_options() -> None:
+    for group in GROUPS:
+        assert options(group), f"conf/{group} is empty"
+
+
+@pytest.mark.parametrize(("group", "option"), [(g, o) for g in GROUPS for o in options(g)])
+def test_option_composes_and_resolves(make_config, group: str, option: str) -> None:
+    cfg = make_config([f"{group}={option}"])
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    ModelConfig.from_dict(resolved["model"])
+    resolve_options(resolved["attention"])
+    assert resolved["data"]["block_size"] <= resolved["model"]["block_size"]
+
+
+def test_model_and_attention_compose_together(make_config) -> None:
+    cfg = make_config(["model=tiny", "attention=vanilla", "data=wiki_sample", "trainer=cpu", "logger=none"])
+    assert cfg.model.name == "tiny" and cfg.attention.name == "vanilla" and cfg.trainer.accelerator == "cpu"
+
+
+def test_trainer_and_callbacks_instantiate(make_config, tmp_path) -> None:
+    cfg = make_config(["trainer=cpu", "logger=csv"])
+    callbacks = [instantiate(c) for c in cfg.callbacks.values()]
+    loggers = [instantiate(c) for c in cfg.logger.values()]
+    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers)
+    assert trainer.max_steps == cfg.trainer.max_steps
+    assert {type(c).__name__ for c in callbacks} >= {"ModelCheckpoint", "ThroughputMonitor", "LearningRateMonitor"}
+
+
+def test_wandb_logger_is_offline_without_key(make_config, monkeypatch) -> None:
+    from attnlab.training.loggers import wandb_mode
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    assert wandb_mode() == "offline"
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    assert wandb_mode() == "online"
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert wandb_mode() == "disabled"
+    cfg = make_config(["logger=wandb", "attention=vanilla", "experiment_name=abl"])
+    assert cfg.logger.wandb.group == "abl"
+    assert "vanilla" in OmegaConf.to_container(cfg.logger.wandb, resolve=True)["tags"]
+
+
+def test_experiment_overrides_are_global(make_config) -> None:
+    cfg = make_config(["experiment=wikitext103_gpt2"])
+    assert cfg.experiment_name == "wikitext103_gpt2"
+    assert cfg.data.name == "wikitext103" and cfg.model.name == "gpt2"
+    assert cfg.trainer.precision == "bf16-mixed"

@@ -1,0 +1,145 @@
+"""The data module: packing, determinism, the disk cache, the embedded corpus and the hub sources offline."""
+
+from __future__ import annotations
+
+from itertools import chain
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hydra.utils import instantiate
+
+import attnlab.data.datamodule as datamodule_module
+from attnlab.data import TextDataModule
+from attnlab.data.tokenizer import eos_token_id
+from attnlab.errors import ConfigError
+from tests.hub_fixtures import make_slimpajama, make_wikitext
+
+
+@pytest.fixture
+def text_file(tmp_path: Path, wiki_docs) -> Path:
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n\n".join(d["text"] for d in wiki_docs[:8]))
+    return path
+
+
+def files_module(path: Path, cache: Path, **kwargs) -> TextDataModule:
+    params = dict(name="files", source="files", files=[str(path)], block_size=16, batch_size=4,
+                  tokenizer_vocab_size=300, cache_dir=str(cache))
+    return TextDataModule(**{**params, **kwargs})
+
+
+def test_blocks_are_the_tokenized_documents_in_order(text_file: Path, tmp_path: Path) -> None:
+    dm = files_module(text_file, tmp_path / "cache")
+    dm.prepare_data()
+    train_docs, _ = dm._documents()
+    eos = eos_token_id(dm.tokenizer)
+    stream = list(chain.from_iterable(dm.tokenizer.encode(t).ids + [eos] for t in train_docs["text"]))
+    blocks = [row["input_ids"].tolist() for row in dm.train_dataset]
+    assert all(len(b) == 17 for b in blocks)
+    # batches of 1000 documents are packed separately; with fewer documents the blocks tile the stream
+    assert list(chain.from_iterable(blocks)) == stream[: 17 * len(blocks)]
+    assert len(stream) - 17 * len(blocks) < 17
+
+
+def test_split_and_batches_are_deterministic_for_a_seed(text_file: Path, tmp_path: Path) -> None:
+    first = files_module(text_file, tmp_path / "a", seed=3)
+    again = files_module(text_file, tmp_path / "b", seed=3)
+    other = files_module(text_file, tmp_path / "c", seed=4)
+    batches = [next(iter(dm.train_dataloader()))["input_ids"] for dm in (first, again, other) if dm.setup() is None]
+    assert batches[0].equal(batches[1])
+    assert not batches[0].equal(batches[2])
+    assert first._documents()[1]["text"] == again._documents()[1]["text"]
+
+
+def test_second_run_reuses_the_cache_without_tokenizing(text_file: Path, tmp_path: Path, monkeypatch) -> None:
+    first = files_module(text_file, tmp_path / "cache")
+    first.prepare_data()
+    assert not first.reused_cache
+
+    def fail(*args, **kwargs):
+        raise AssertionError("re-tokenized although the cache holds this exact result")
+
+    monkeypatch.setattr(datamodule_module, "train_bpe_tokenizer", fail)
+    monkeypatch.setattr(TextDataModule, "_tokenize_and_pack", fail)
+    second = files_module(text_file, tmp_path / "cache")
+    second.prepare_data()
+    assert second.reused_cache
+    assert second.train_dataset[:]["input_ids"].equal(first.train_dataset[:]["input_ids"])
+    assert np.array_equal(second.token_counts, first.token_counts)
+
+
+def test_changing_block_size_builds_a_new_cache(text_file: Path, tmp_path: Path) -> None:
+    files_module(text_file, tmp_path / "cache").prepare_data()
+    other = files_module(text_file, tmp_path / "cache", block_size=8)
+    other.prepare_data()
+    assert not other.reused_cache and other.train_dataset[0]["input_ids"].shape == (9,)
+
+
+def test_unigram_baseline_matches_direct_computation(text_file: Path, tmp_path: Path) -> None:
+    dm = files_module(text_file, tmp_path / "cache")
+    dm.prepare_data()
+    train = dm.train_dataset[:]["input_ids"].reshape(-1).numpy()
+    counts = np.bincount(train, minlength=dm.vocab_size) + 1.0
+    targets = dm.val_dataset[:]["input_ids"][:, 1:].reshape(-1).numpy()
+    expected = np.exp(-np.log(counts[targets] / counts.sum()).mean())
+    assert dm.unigram_perplexity() == pytest.approx(expected, rel=1e-9)
+
+
+def test_embedded_corpus_is_clean_real_text(data_cache: Path) -> None:
+    dm = TextDataModule(name="wiki_sample", source="wiki_sample", block_size=64, tokenizer_vocab_size=512,
+                        cache_dir=str(data_cache))
+    train_docs, val_docs = dm._documents()
+    assert len(train_docs) + len(val_docs) == 106
+    text = "\n".join(train_docs["text"])
+    assert len(text) > 2_000_000
+    for markup in ("[[", "]]", "{{", "}}", "<ref", "thumb|", "&nbsp;"):
+        assert markup not in text, markup
+    assert "alphabet" in text
+
+
+def test_wikitext_loads_from_a_local_copy_in_the_hub_layout(make_config, tmp_path: Path, wiki_docs) -> None:
+    repo = make_wikitext(tmp_path / "wikitext", wiki_docs)
+    cfg = make_config(["data=wikitext2", f"data.path={repo}", "data.block_size=32", "data.tokenizer_vocab_size=400",
+                       "data.num_workers=0"])
+    dm = instantiate(cfg.data)
+    dm.prepare_data()
+    assert len(dm.train_dataset) > 10 and len(dm.val_dataset) > 0
+    eos = eos_token_id(dm.tokenizer)
+    assert not (dm.train_dataset[:]["input_ids"] == eos).any()  # WikiText rows are lines: no separator
+    held_out = dm.tokenizer.decode(dm.val_dataset[0]["input_ids"].tolist())
+    assert held_out.strip() and held_out.split()[0] in " ".join(wiki_docs[-2]["text"].split()[:200]) + " = \n"
+
+
+def test_slimpajama_streams_from_a_local_copy_in_the_hub_layout(make_config, tmp_path: Path, wiki_docs) -> None:
+    repo = make_slimpajama(tmp_path / "slimpajama", wiki_docs)
+    cfg = make_config(["data=slimpajama", f"data.path={repo}", "data.block_size=32", "data.batch_size=4",
+                       "data.tokenizer_vocab_size=400", "data.num_workers=0", "data.shuffle_buffer=50"])
+    dm = instantiate(cfg.data)
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    assert batch["input_ids"].shape == (4, 33)
+    assert sum(1 for _ in dm.val_dataloader()) > 0
+    assert dm.token_counts.sum() > 1000 and dm.unigram_perplexity() > 1
+
+
+def test_hub_dataset_offline_fails_fast_saying_what_is_missing(make_config) -> None:
+    cfg = make_config(["data=wikitext103", "data.num_workers=0"])
+    with pytest.raises(ConfigError) as err:
+        instantiate(cfg.data).prepare_data()
+    message = str(err.value)
+    assert "Salesforce/wikitext" in message and "wikitext-103-raw-v1" in message
+    assert "Run once with internet access" in message and err.value.key == "data.path"
+
+
+def test_missing_files_and_empty_corpus_name_the_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"data\.files: no files match"):
+        files_module(tmp_path / "nope" / "*.txt", tmp_path / "cache").prepare_data()
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n   \n\n")
+    with pytest.raises(ConfigError, match="non-empty documents"):
+        files_module(empty, tmp_path / "cache").prepare_data()
+    short = tmp_path / "short.txt"
+    short.write_text("one paragraph.\n\nanother paragraph.\n\na third one.")
+    with pytest.raises(ConfigError, match="fewer tokens than one block"):
+        files_module(short, tmp_path / "cache", block_size=64).prepare_data()

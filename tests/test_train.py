@@ -1,0 +1,99 @@
+"""Training end to end on the CPU: fast_dev_run, a short run whose loss falls, resuming, and bad inputs."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from attnlab.errors import ConfigError
+from attnlab.training.run import run
+from tests.conftest import MICRO_DATA, MICRO_MODEL, ROOT
+
+QUIET = ["logger=csv", "trainer=cpu", "callbacks.progress_bar.refresh_rate=0", *MICRO_MODEL, *MICRO_DATA]
+
+
+def test_fast_dev_run(make_config) -> None:
+    results = run(make_config(["debug=fdr", *QUIET]))
+    assert results["steps"] == 1
+    assert results["val_loss"] is not None and results["unigram_ppl"] > 1
+
+
+def test_short_training_run_lowers_the_loss_and_writes_its_outputs(make_config, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    cfg = make_config([*QUIET, "trainer.max_steps=60", "trainer.val_check_interval=30", "optim.lr=3e-3",
+                       "optim.warmup_steps=5", "trainer.limit_val_batches=8", "trainer.log_every_n_steps=5"], out)
+    results = run(cfg)
+    rows = list(csv.DictReader((out / "csv" / "metrics.csv").open()))
+    train_losses = [float(r["train/loss"]) for r in rows if r.get("train/loss")]
+    val_losses = [float(r["val/loss"]) for r in rows if r.get("val/loss")]
+    assert len(val_losses) == 2 and val_losses[1] < val_losses[0]
+    assert train_losses[-1] < train_losses[0] - 0.5
+    assert results["val_ppl"] < results["unigram_ppl"]
+    assert any(r.get("train/device/items_per_sec") for r in rows)  # tokens per second
+    assert any(r.get("lr-AdamW/decay") for r in rows)
+    assert (out / "checkpoints" / "last.ckpt").is_file()
+    assert list((out / "checkpoints").glob("best-*.ckpt"))
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["val_loss"] == pytest.approx(results["val_loss"])
+
+
+def test_resume_from_last_checkpoint_continues_in_a_new_directory(make_config, tmp_path: Path) -> None:
+    first_dir, second_dir = tmp_path / "first", tmp_path / "second"
+    common = [*QUIET, "trainer.val_check_interval=3", "trainer.limit_val_batches=2"]
+    run(make_config([*common, "trainer.max_steps=6", "attention=vanilla"], first_dir))
+    last = first_dir / "checkpoints" / "last.ckpt"
+    before = hashlib.sha256(last.read_bytes()).hexdigest()
+    # the model comes from the checkpoint even if the command line says otherwise
+    results = run(make_config([*common, "trainer.max_steps=10", f"ckpt_path={last}", "model.n_layer=3"], second_dir))
+    assert results["steps"] == 10
+    assert (second_dir / "checkpoints" / "last.ckpt").is_file()
+    assert hashlib.sha256(last.read_bytes()).hexdigest() == before
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["data.block_size=128", "model.block_size=64"], "data.block_size"),
+        (["model.n_embd=30", "model.n_head=4"], "model.n_embd"),
+        (["+attention.zeta=2"], "attention.zeta"),
+        (["attention.name=nope"], "attention.name"),
+        (["model.family=bert"], "model.family"),
+        (["ckpt_path=/nope/last.ckpt"], "ckpt_path"),
+        (["optim.schedule=linear"], "optim.schedule"),
+    ],
+)
+def test_bad_config_names_the_key(make_config, overrides: list[str], key: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        run(make_config([*QUIET, *overrides]))
+    assert err.value.key == key
+
+
+def train_cli(*overrides: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    command = [sys.executable, "train.py", f"hydra.run.dir={tmp_path}/run", f"paths.cache_dir={tmp_path}/cache",
+               *overrides]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_cli_unknown_group_option_lists_the_available_ones(tmp_path: Path) -> None:
+    done = train_cli("model=nope", tmp_path=tmp_path)
+    assert done.returncode != 0
+    assert "Could not find 'model/nope'" in done.stderr and "tiny" in done.stderr
+
+
+def test_cli_bad_value_exits_nonzero_with_one_clear_line(tmp_path: Path) -> None:
+    done = train_cli("model.n_head=5", tmp_path=tmp_path)
+    assert done.returncode != 0
+    assert "error: model.n_embd: n_embd=256 must be divisible by model.n_head=5" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_run_ids_differ_between_processes_started_together() -> None:
+    code = "import attnlab.resolvers as r; print(r.RUN_ID)"
+    ids = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout for _ in range(3)}
+    assert len(ids) == 3
