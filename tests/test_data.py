@@ -24,8 +24,15 @@ def text_file(tmp_path: Path, wiki_docs) -> Path:
 
 
 def files_module(path: Path, cache: Path, **kwargs) -> TextDataModule:
-    params = dict(name="files", source="files", files=[str(path)], block_size=16, batch_size=4,
-                  tokenizer_vocab_size=300, cache_dir=str(cache))
+    params = dict(
+        name="files",
+        source="files",
+        files=[str(path)],
+        block_size=16,
+        batch_size=4,
+        tokenizer_vocab_size=300,
+        cache_dir=str(cache),
+    )
     return TextDataModule(**{**params, **kwargs})
 
 
@@ -34,7 +41,7 @@ def test_blocks_are_the_tokenized_documents_in_order(text_file: Path, tmp_path: 
     dm.prepare_data()
     train_docs, _ = dm._documents()
     eos = eos_token_id(dm.tokenizer)
-    stream = list(chain.from_iterable(dm.tokenizer.encode(t).ids + [eos] for t in train_docs["text"]))
+    stream = list(chain.from_iterable([*dm.tokenizer.encode(t).ids, eos] for t in train_docs["text"]))
     blocks = [row["input_ids"].tolist() for row in dm.train_dataset]
     assert all(len(b) == 17 for b in blocks)
     # batches of 1000 documents are packed separately; with fewer documents the blocks tile the stream
@@ -87,8 +94,9 @@ def test_unigram_baseline_matches_direct_computation(text_file: Path, tmp_path: 
 
 
 def test_embedded_corpus_is_clean_real_text(data_cache: Path) -> None:
-    dm = TextDataModule(name="wiki_sample", source="wiki_sample", block_size=64, tokenizer_vocab_size=512,
-                        cache_dir=str(data_cache))
+    dm = TextDataModule(
+        name="wiki_sample", source="wiki_sample", block_size=64, tokenizer_vocab_size=512, cache_dir=str(data_cache)
+    )
     train_docs, val_docs = dm._documents()
     assert len(train_docs) + len(val_docs) == 106
     text = "\n".join(train_docs["text"])
@@ -100,8 +108,15 @@ def test_embedded_corpus_is_clean_real_text(data_cache: Path) -> None:
 
 def test_wikitext_loads_from_a_local_copy_in_the_hub_layout(make_config, tmp_path: Path, wiki_docs) -> None:
     repo = make_wikitext(tmp_path / "wikitext", wiki_docs)
-    cfg = make_config(["data=wikitext2", f"data.path={repo}", "data.block_size=32", "data.tokenizer_vocab_size=400",
-                       "data.num_workers=0"])
+    cfg = make_config(
+        [
+            "data=wikitext2",
+            f"data.path={repo}",
+            "data.block_size=32",
+            "data.tokenizer_vocab_size=400",
+            "data.num_workers=0",
+        ]
+    )
     dm = instantiate(cfg.data)
     dm.prepare_data()
     assert len(dm.train_dataset) > 10 and len(dm.val_dataset) > 0
@@ -113,8 +128,17 @@ def test_wikitext_loads_from_a_local_copy_in_the_hub_layout(make_config, tmp_pat
 
 def test_slimpajama_streams_from_a_local_copy_in_the_hub_layout(make_config, tmp_path: Path, wiki_docs) -> None:
     repo = make_slimpajama(tmp_path / "slimpajama", wiki_docs)
-    cfg = make_config(["data=slimpajama", f"data.path={repo}", "data.block_size=32", "data.batch_size=4",
-                       "data.tokenizer_vocab_size=400", "data.num_workers=0", "data.shuffle_buffer=50"])
+    cfg = make_config(
+        [
+            "data=slimpajama",
+            f"data.path={repo}",
+            "data.block_size=32",
+            "data.batch_size=4",
+            "data.tokenizer_vocab_size=400",
+            "data.num_workers=0",
+            "data.shuffle_buffer=50",
+        ]
+    )
     dm = instantiate(cfg.data)
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))

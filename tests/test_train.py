@@ -26,8 +26,18 @@ def test_fast_dev_run(make_config) -> None:
 
 def test_short_training_run_lowers_the_loss_and_writes_its_outputs(make_config, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    cfg = make_config([*QUIET, "trainer.max_steps=60", "trainer.val_check_interval=30", "optim.lr=3e-3",
-                       "optim.warmup_steps=5", "trainer.limit_val_batches=8", "trainer.log_every_n_steps=5"], out)
+    cfg = make_config(
+        [
+            *QUIET,
+            "trainer.max_steps=60",
+            "trainer.val_check_interval=30",
+            "optim.lr=3e-3",
+            "optim.warmup_steps=5",
+            "trainer.limit_val_batches=8",
+            "trainer.log_every_n_steps=5",
+        ],
+        out,
+    )
     results = run(cfg)
     rows = list(csv.DictReader((out / "csv" / "metrics.csv").open()))
     train_losses = [float(r["train/loss"]) for r in rows if r.get("train/loss")]
@@ -75,8 +85,13 @@ def test_bad_config_names_the_key(make_config, overrides: list[str], key: str) -
 
 
 def train_cli(*overrides: str, tmp_path: Path) -> subprocess.CompletedProcess:
-    command = [sys.executable, "train.py", f"hydra.run.dir={tmp_path}/run", f"paths.cache_dir={tmp_path}/cache",
-               *overrides]
+    command = [
+        sys.executable,
+        "train.py",
+        f"hydra.run.dir={tmp_path}/run",
+        f"paths.cache_dir={tmp_path}/cache",
+        *overrides,
+    ]
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 

@@ -8,6 +8,7 @@ gensim (LGPL-2.1) ships ``enwiki-latest-pages-articles1.xml-p000000010p000030302
 from __future__ import annotations
 
 import bz2
+import contextlib
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
@@ -73,10 +74,8 @@ def clean_wikitext(wikitext: str) -> str:
 
 
 def _remove(code: mwparserfromhell.wikicode.Wikicode, node: object) -> None:
-    try:
+    with contextlib.suppress(ValueError):  # already removed together with a parent node
         code.remove(node)
-    except ValueError:  # already removed together with a parent node
-        pass
 
 
 def wiki_sample_documents(dump: Path | None = None) -> Iterator[dict[str, str]]:

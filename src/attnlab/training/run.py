@@ -74,7 +74,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     datamodule.prepare_data()
     vocab = datamodule.vocab_size
     if model_cfg.get("tokenizer") or pretrained is not None:
-        require(vocab <= model_cfg["vocab_size"], "model.vocab_size", f"{model_cfg['vocab_size']} < tokenizer's {vocab}")
+        size = model_cfg["vocab_size"]
+        require(vocab <= size, "model.vocab_size", f"{size} is smaller than the tokenizer's {vocab} tokens")
     else:
         model_cfg["vocab_size"] = vocab
     module = LanguageModel(model_cfg, attention, container(cfg.optim), pretrained=pretrained)
