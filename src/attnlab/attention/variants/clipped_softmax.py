@@ -1,0 +1,87 @@
+"""Clipped softmax (Bondarenko et al. 2023, eq. 4; spec section 2): attention can put exactly zero on a token.
+
+``p~ = clip((zeta - gamma) * softmax(s) + gamma, 0, 1)``; rows no longer sum to one, on purpose. The fused
+kernel cannot clip, so ``attend`` runs the plain math over chunks of queries: each chunk sees its full key
+rows (the softmax is exact) and only a (chunk x T) score block exists at a time, recomputed in backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from attnlab.attention.base import AttentionShape, AttentionVariant, VariantOptions, register
+from attnlab.errors import require
+
+
+@dataclass
+class ClippedSoftmaxOptions(VariantOptions):
+    """Set exactly one of ``gamma`` (direct) and ``alpha`` (``gamma = -alpha / block_size``); the other null."""
+
+    zeta: float = 1.0  # stretch above: probabilities >= (1 - gamma) / (zeta - gamma) clip to exactly 1
+    gamma: float | None = None  # stretch below (<= 0): probabilities <= -gamma / (zeta - gamma) clip to exactly 0
+    alpha: float | None = 12.0  # gamma = -alpha / T_ctx with T_ctx = model.block_size (their OPT-125m run)
+    chunk_size: int = 256  # queries per chunk of the memory-bounded path
+
+    def __post_init__(self) -> None:
+        require(self.zeta >= 1, "attention.zeta", f"must be >= 1, got {self.zeta}")
+        require(
+            (self.gamma is None) != (self.alpha is None),
+            "attention.gamma",
+            f"set exactly one of attention.gamma (<= 0) and attention.alpha (>= 0) and the other to null; "
+            f"got gamma={self.gamma}, alpha={self.alpha}",
+        )
+        if self.gamma is not None:
+            require(self.gamma <= 0, "attention.gamma", f"must be <= 0, got {self.gamma}")
+        if self.alpha is not None:
+            require(self.alpha >= 0, "attention.alpha", f"must be >= 0 (gamma = -alpha / block_size), got {self.alpha}")
+        require(self.chunk_size > 0, "attention.chunk_size", f"must be positive, got {self.chunk_size}")
+
+
+@register("clipped_softmax")
+class ClippedSoftmax(AttentionVariant):
+    """o = clip((zeta - gamma) softmax(q k^T / sqrt(d_h)) + gamma, 0, 1) v, softmax in fp32."""
+
+    Options = ClippedSoftmaxOptions
+    fused = False
+
+    def __init__(self, shape: AttentionShape, options: ClippedSoftmaxOptions) -> None:
+        super().__init__(shape, options)
+        self.zeta = options.zeta
+        self.gamma = options.gamma if options.gamma is not None else -options.alpha / shape.block_size
+
+    def probabilities(self, scores: Tensor) -> Tensor:
+        return torch.clamp((self.zeta - self.gamma) * torch.softmax(scores.float(), dim=-1) + self.gamma, 0, 1)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout: float) -> Tensor:
+        groups = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        t_q, offset = q.shape[2], k.shape[2] - q.shape[2]  # query i sits at key index i + offset
+        chunks = []
+        for start in range(0, t_q, self.options.chunk_size):
+            stop = min(start + self.options.chunk_size, t_q)
+            keys, bias = k.shape[2], None
+            if mask is not None:
+                bias = mask[..., start:stop, :].float()
+            elif is_causal:  # keys after the chunk's last query are masked for every row: skip them
+                keys = stop + offset
+                query = torch.arange(start + offset, stop + offset, device=q.device)[:, None]
+                future = torch.arange(keys, device=q.device)[None, :] > query
+                bias = torch.zeros(future.shape, device=q.device).masked_fill(future, float("-inf"))
+            args = (q[:, :, start:stop], k[:, :, :keys], v[:, :, :keys], bias, dropout)
+            if torch.is_grad_enabled():
+                chunks.append(checkpoint(self._chunk, *args, use_reentrant=False))
+            else:
+                chunks.append(self._chunk(*args))
+        return torch.cat(chunks, dim=2)
+
+    def _chunk(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, dropout: float) -> Tensor:
+        """Exact clipped attention for a chunk of queries over its keys, in fp32 even under autocast."""
+        with torch.autocast(q.device.type, enabled=False):
+            scores = (q.float() @ k.float().transpose(-2, -1)) * self.scale
+            probs = self.probabilities(scores if bias is None else scores + bias)
+            return (F.dropout(probs, p=dropout) @ v.float()).to(q.dtype)

@@ -1,0 +1,156 @@
+"""Attention options: bad values fail at construction naming the key, YAMLs equal the registered presets,
+parameter overheads equal their formulas (tiny model and GPT-2 124M)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, fields
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+
+from attnlab.attention import available_attention, resolve_options
+from attnlab.errors import ConfigError
+from attnlab.models.config import ModelConfig
+from attnlab.models.gpt import GPT
+
+ATTENTION_CONF = Path(__file__).resolve().parents[1] / "conf" / "attention"
+TINY = {"n_layer": 2, "n_head": 4, "n_kv_head": 2, "n_embd": 32, "vocab_size": 61, "block_size": 32}
+GPT2 = {"n_layer": 12, "n_head": 12, "n_embd": 768, "vocab_size": 50257, "block_size": 1024}
+
+
+@pytest.mark.parametrize(
+    ("attention", "key", "says"),
+    [
+        ({"name": "clipped_softmax", "zeta": 0.9}, "attention.zeta", ">= 1"),
+        ({"name": "clipped_softmax", "gamma": 0.1, "alpha": None}, "attention.gamma", "<= 0"),
+        ({"name": "clipped_softmax", "gamma": -0.1}, "attention.gamma", "exactly one of attention.gamma"),
+        ({"name": "clipped_softmax", "alpha": None}, "attention.gamma", "exactly one of attention.gamma"),
+        ({"name": "clipped_softmax", "alpha": -1.0}, "attention.alpha", ">= 0"),
+        ({"name": "clipped_softmax", "chunk_size": 0}, "attention.chunk_size", "positive"),
+        ({"name": "gated", "gate_type": "conv"}, "attention.gate_type", "linear, mlp, all_features"),
+        ({"name": "gated", "pi_init": 1.0}, "attention.pi_init", "(0, 1)"),
+        ({"name": "gated_sdpa", "activation": "relu"}, "attention.activation", "sigmoid, silu, ns_sigmoid"),
+        ({"name": "gated_sdpa", "position": "output"}, "attention.position", "sdpa, value, key, query, dense"),
+        ({"name": "gated_sdpa", "granularity": "rowwise"}, "attention.granularity", "elementwise, headwise"),
+        ({"name": "gated_sdpa", "form": "gated"}, "attention.form", "multiplicative, additive"),
+        ({"name": "ssa", "parameterisation": "lora"}, "attention.parameterisation", "base, shared, feature"),
+        ({"name": "ssa", "components": ["q", "o"]}, "attention.components", "q, k, v"),
+        ({"name": "ssa", "components": []}, "attention.components", "q, k, v"),
+        ({"name": "ssa", "components": ["q", "q"]}, "attention.components", "without repeats"),
+        ({"name": "ssa", "terms": ["token", "length"]}, "attention.terms", "token, position, yarn, constant"),
+        ({"name": "ssa", "terms": ["position", "yarn"]}, "attention.terms", "pick one"),
+        ({"name": "ssa", "hidden_ratio": 0.0}, "attention.hidden_ratio", "positive"),
+        ({"name": "ssa", "zeta": 1.0}, "attention.zeta", "allowed: alpha_init"),
+        ({"name": "gated", "position": "sdpa"}, "attention.position", "allowed: finetune_weight_std"),
+        ({"name": "softermax"}, "attention.name", "allowed: clipped_softmax"),
+    ],
+)
+def test_bad_options_fail_at_construction(attention: dict, key: str, says: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        GPT(ModelConfig(**TINY), attention)
+    assert error.value.key == key
+    assert says in str(error.value)
+
+
+def test_every_registered_name_has_a_yaml_and_back() -> None:
+    assert sorted(p.stem for p in ATTENTION_CONF.glob("*.yaml")) == available_attention()
+
+
+@pytest.mark.parametrize("name", available_attention())
+def test_yaml_lists_every_option_with_the_presets_value(name: str) -> None:
+    values = yaml.safe_load((ATTENTION_CONF / f"{name}.yaml").read_text())
+    variant, options = resolve_options({"name": name})
+    assert list(values) == [f.name for f in fields(variant.Options)]
+    assert values == asdict(options)
+    assert resolve_options(values)[1] == options
+
+
+def test_hydra_group_override() -> None:
+    """``attention=ssa_tok_only attention.components=[q]`` composes into options the variant accepts."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(ATTENTION_CONF.parent), version_base="1.3"):
+        cfg = compose(overrides=["+attention=ssa_tok_only", "attention.components=[q]"])
+    options = resolve_options(OmegaConf.to_container(cfg.attention))[1]
+    assert (options.name, options.components, options.terms) == ("ssa_tok_only", ["q"], ["token"])
+    GlobalHydra.instance().clear()
+
+
+def gamma_of(attention: dict, block_size: int) -> float:
+    model = GPT(ModelConfig(**{**TINY, "block_size": block_size}), attention)
+    return model.blocks[0].attn.variant.gamma
+
+
+def test_clipped_softmax_gamma_rule() -> None:
+    assert gamma_of({"name": "clipped_softmax"}, 512) == pytest.approx(-12 / 512)  # their OPT: -0.0234
+    assert gamma_of({"name": "clipped_softmax", "gamma": -0.025, "alpha": None}, 512) == -0.025  # their BERT
+
+
+def expected_overhead(attention: dict, c: dict) -> int:
+    """Extra parameters of a variant, from the spec's formulas."""
+    _, o = resolve_options(attention)
+    n_layer, h, d = c["n_layer"], c["n_head"], c["n_embd"]
+    kv, dh = c.get("n_kv_head") or h, d // h
+    heads = {"q": h, "k": kv, "v": kv}
+    if o.name == "gated":
+        r = dh // 4
+        per_layer = {"linear": h * (dh + 1), "mlp": h * (dh * r + r + r + 1), "all_features": d * h + h}
+        return n_layer * per_layer[o.gate_type]
+    if o.name.startswith("gated_"):
+        gates = 1 if o.share_across_heads else (kv if o.position in ("key", "value") else h)
+        width = dh if o.granularity == "elementwise" else 1
+        return n_layer * (d + 1) * gates * width
+    if not hasattr(o, "components"):
+        return 0
+    total = 0
+    for component in o.components:
+        n, out = heads[component], 1 if o.share_across_heads else heads[component]
+        total += n * (("position" in o.terms) + ("constant" in o.terms))
+        if "token" in o.terms:
+            hidden = round(o.hidden_ratio * d)
+            total += {"base": d * hidden + hidden + hidden * out + out, "shared": out * (dh + 1), "feature": out}[
+                o.parameterisation
+            ]
+    return n_layer * total
+
+
+OVERHEAD_CASES = [{"name": n} for n in available_attention()] + [
+    {"name": "gated", "gate_type": "mlp"},
+    {"name": "gated", "gate_type": "all_features"},
+    {"name": "gated_value", "share_across_heads": True},
+    {"name": "gated_sdpa", "position": "key", "granularity": "headwise"},
+    {"name": "ssa", "share_across_heads": True, "components": ["k", "v"]},
+    {"name": "ssa_shared", "share_across_heads": True},
+    {"name": "ssa_feature", "components": ["q", "k", "v"]},
+]
+
+
+@pytest.mark.parametrize("attention", OVERHEAD_CASES, ids=lambda a: "-".join(map(str, a.values())))
+def test_parameter_overhead_matches_formula(attention: dict) -> None:
+    model = GPT(ModelConfig(**TINY), attention)
+    vanilla = GPT(ModelConfig(**TINY))
+    extra = sum(p.numel() for _, p in model.variant_parameters())
+    assert extra == model.num_parameters() - vanilla.num_parameters()  # all new parameters live in the variant
+    assert extra == expected_overhead(attention, TINY)
+
+
+def gpt2_overhead(attention: dict) -> tuple[int, float]:
+    with torch.device("meta"):
+        model = GPT(ModelConfig(**GPT2), attention)
+        base = GPT(ModelConfig(**GPT2)).num_parameters()
+    extra = sum(p.numel() for _, p in model.variant_parameters())
+    assert extra == expected_overhead(attention, GPT2)
+    return extra, extra / base
+
+
+def test_gpt2_124m_overheads() -> None:
+    assert gpt2_overhead({"name": "gated"})[0] == 12 * 12 * (64 + 1)
+    assert 0.045 < gpt2_overhead({"name": "ssa"})[1] < 0.055  # the paper's ~5%
+    assert 0.055 < gpt2_overhead({"name": "ssa", "hidden_ratio": 0.5})[1] < 0.06  # the spec's ~5.8%
+    assert gpt2_overhead({"name": "ssa_shared"})[1] < 0.005
+    assert gpt2_overhead({"name": "ssa_feature"})[0] == 12 * 2 * 2 * 12  # beta + alpha per head, q and v
+    assert gpt2_overhead({"name": "temp_frequency"})[0] == 12 * 12  # beta per head
