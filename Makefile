@@ -36,5 +36,8 @@ format: $(STAMP)  ## ruff format and fix imports
 	$(VENV)/bin/ruff check --fix --select I .
 	$(VENV)/bin/ruff format .
 
+bench: $(STAMP)  ## time a training step of every attention variant vs vanilla -> experiments/results/bench/
+	$(PY) -m attnlab.bench --out experiments/results/bench/$$($(PY) -c "import torch; print('gpu' if torch.cuda.is_available() else 'cpu')")-$$(date +%Y%m%d-%H%M%S).md $(ARGS)
+
 clean:  ## remove outputs and caches (keeps .venv)
 	rm -rf outputs multirun .cache .pytest_cache .ruff_cache

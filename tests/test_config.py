@@ -65,3 +65,15 @@ def test_experiment_overrides_are_global(make_config) -> None:
     assert cfg.experiment_name == "wikitext103_gpt2"
     assert cfg.data.name == "wikitext103" and cfg.model.name == "gpt2"
     assert cfg.trainer.precision == "bf16-mixed"
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny-neox", "tiny-llama"])
+def test_build_model_returns_logits_for_a_composed_config(make_config, model: str) -> None:
+    import torch
+
+    import attnlab
+
+    cfg = make_config([f"model={model}", "attention=ssa"])
+    gpt = attnlab.build_model(cfg)
+    assert gpt.config.family == cfg.model.family
+    assert gpt(torch.zeros(2, 5, dtype=torch.long)).shape == (2, 5, cfg.model.vocab_size)

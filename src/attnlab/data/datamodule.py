@@ -95,6 +95,10 @@ class TextDataModule(L.LightningDataModule):
         self.prepare()
         return self.tokenizer.get_vocab_size()
 
+    def validation_documents(self) -> Dataset | IterableDataset:
+        """The held-out documents as text rows, for scoring with lm-eval's rolling perplexity."""
+        return self._documents()[1]
+
     def unigram_perplexity(self) -> float:
         """Validation perplexity of the add-one unigram model fitted on the training tokens: the baseline to beat."""
         self.prepare()

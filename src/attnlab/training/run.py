@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.data import TextDataModule
@@ -65,6 +67,13 @@ def build_datamodule(cfg: DictConfig, model: dict[str, Any]) -> TextDataModule:
     return instantiate(cfg.data, tokenizer=model.get("tokenizer") or (cfg.data.get("tokenizer") or None))
 
 
+def steps_for_tokens(cfg: DictConfig, world_size: int) -> int:
+    """Optimizer steps that consume ``train_tokens``: each step sees batch x block x accumulation x devices."""
+    per_step = cfg.data.batch_size * cfg.data.block_size * cfg.trainer.accumulate_grad_batches * world_size
+    require(cfg.train_tokens > 0, "train_tokens", f"must be positive, got {cfg.train_tokens}")
+    return math.ceil(cfg.train_tokens / per_step)
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Train one model; returns (and writes to ``results.json``) the final metrics."""
     L.seed_everything(cfg.seed, workers=True)
@@ -72,6 +81,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     model_cfg, attention, pretrained = model_and_attention(cfg)
     datamodule = build_datamodule(cfg, model_cfg)
     datamodule.prepare_data()
+    if rank_zero_only.rank == 0:  # evaluation finds the tokenizer next to the checkpoints
+        out.mkdir(parents=True, exist_ok=True)
+        datamodule.tokenizer.save(str(out / "tokenizer.json"))
     vocab = datamodule.vocab_size
     if model_cfg.get("tokenizer") or pretrained is not None:
         size = model_cfg["vocab_size"]
@@ -85,6 +97,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
     loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    if cfg.get("train_tokens"):
+        trainer.fit_loop.epoch_loop.max_steps = steps_for_tokens(cfg, trainer.world_size)
     for logger in loggers:
         logger.log_hyperparams(container(cfg))
 
@@ -96,7 +110,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if torch.as_tensor(v).numel() == 1}
     checkpoint = trainer.checkpoint_callback
-    tokens = trainer.global_step * cfg.data.batch_size * cfg.data.block_size * trainer.world_size
+    tokens = (
+        trainer.global_step
+        * cfg.data.batch_size
+        * cfg.data.block_size
+        * cfg.trainer.accumulate_grad_batches
+        * trainer.world_size
+    )
     results = {
         "experiment": cfg.experiment_name,
         "model": model_cfg["name"],
@@ -113,6 +133,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "last_checkpoint": getattr(checkpoint, "last_model_path", None) or None,
         "output_dir": str(out),
     }
+    if trainer.is_global_zero and cfg.get("eval") and cfg.eval.get("after_train"):
+        from attnlab.eval.harness import evaluate_after_training
+
+        results["eval"] = evaluate_after_training(cfg, results["best_checkpoint"] or results["last_checkpoint"], out)
     if trainer.is_global_zero:
         (out / "results.json").write_text(json.dumps(results, indent=2))
         print(summary(results))

@@ -1,0 +1,16 @@
+"""Evaluate a model: ``python evaluate.py ckpt_path=outputs/<run>/checkpoints/last.ckpt eval=table3`` (Hydra)."""
+
+import hydra
+from omegaconf import DictConfig
+
+import attnlab.resolvers  # noqa: F401  (registers ${run_id:} before Hydra composes the config)
+from attnlab.eval.run import main as run_evaluation
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")
+def main(cfg: DictConfig) -> None:
+    run_evaluation(cfg)
+
+
+if __name__ == "__main__":
+    main()

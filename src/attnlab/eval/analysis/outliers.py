@@ -1,0 +1,146 @@
+"""Outliers and quantisability (Bondarenko et al. 2023, seed 000): kurtosis, max infinity norm, W8A8 perplexity.
+
+Attention heads that learn to "do nothing" push a few hidden dimensions to huge values; those outliers show up
+as high kurtosis and infinity norm of the layer outputs and make 8-bit activation quantisation fail.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.eval.analysis.common import Tokens, as_batches, device_of, evaluating, perplexity, unwrap
+
+
+def kurtosis(x: Tensor, eps: float = 1e-6) -> Tensor:
+    """Kurtosis of each row of ``x`` (N, M): mean((x - mu)^4) / (std^4 + eps); not excess, a Gaussian gives 3.
+
+    ``std`` is the population standard deviation, so the ratio is the plain fourth standardised moment; ``eps``
+    is the seed's, which damps the value when std is below ~0.03 (untrained tiny models).
+    """
+    x = x.double()
+    centred = x - x.mean(dim=-1, keepdim=True)
+    return centred.pow(4).mean(dim=-1) / (centred.pow(2).mean(dim=-1).pow(2) + eps)
+
+
+def hooked_outputs(model: nn.Module) -> dict[str, nn.Module]:
+    """The seed's modules, by name: attention output (after W_o), FFN output and block output (residual sum)."""
+    modules: dict[str, nn.Module] = {}
+    for i, block in enumerate(unwrap(model).blocks):
+        modules.update({f"blocks.{i}.attn": block.attn, f"blocks.{i}.mlp": block.mlp, f"blocks.{i}": block})
+    return modules
+
+
+@torch.no_grad()
+def activation_outliers(model: nn.Module, tokens: Tokens, eps: float = 1e-6) -> dict[str, Any]:
+    """Per hooked module: kurtosis and max |x| of each sequence's flattened (T*d) output, averaged over sequences;
+    then the max and mean over modules (the seed's table reports the max infinity norm and the mean kurtosis)."""
+    model = unwrap(model)
+    modules = hooked_outputs(model)
+    sums = {name: torch.zeros(2, dtype=torch.float64) for name in modules}
+    sequences = 0
+
+    def record(name: str):
+        def hook(_module: nn.Module, _args: tuple[Any, ...], output: Tensor) -> None:
+            rows = output.detach().flatten(1)
+            sums[name] += torch.stack([kurtosis(rows, eps).sum(), rows.abs().amax(dim=1).double().sum()]).cpu()
+
+        return hook
+
+    handles = [module.register_forward_hook(record(name)) for name, module in modules.items()]
+    try:
+        with evaluating(model):
+            for batch in as_batches(tokens, device_of(model)):
+                model(batch)
+                sequences += batch.shape[0]
+    finally:
+        for handle in handles:
+            handle.remove()
+    per_module = {
+        name: {"kurtosis": (s[0] / sequences).item(), "max_inf_norm": (s[1] / sequences).item()}
+        for name, s in sums.items()
+    }
+    kurt = torch.tensor([m["kurtosis"] for m in per_module.values()], dtype=torch.float64)
+    norm = torch.tensor([m["max_inf_norm"] for m in per_module.values()], dtype=torch.float64)
+    return {
+        "modules": per_module,
+        "kurtosis_max": kurt.max().item(),
+        "kurtosis_mean": kurt.mean().item(),
+        "max_inf_norm": norm.max().item(),
+        "inf_norm_mean": norm.mean().item(),
+        "sequences": sequences,
+    }
+
+
+def fake_quantize(x: Tensor, scale: Tensor, zero_point: Tensor, qmin: int, qmax: int) -> Tensor:
+    """Round to the integer grid ``zero_point + k`` (k in [qmin, qmax] after the offset) and map back."""
+    return (torch.clamp(torch.round(x / scale) + zero_point, qmin, qmax) - zero_point) * scale
+
+
+def quantize_weight_(weight: Tensor, bits: int) -> None:
+    """Symmetric per-tensor: grid step max|W| / (2^(b-1) - 1), integers in [-(2^(b-1) - 1), 2^(b-1) - 1]."""
+    qmax = 2 ** (bits - 1) - 1
+    scale = (weight.abs().max() / qmax).clamp_min(1e-12)
+    weight.copy_(fake_quantize(weight, scale, torch.zeros_like(scale), -qmax, qmax))
+
+
+class ActivationQuantizer:
+    """Forward pre-hook on a Linear: asymmetric per-tensor fake-quant of its input.
+
+    While ``calibrating`` it only tracks the input's min and max (the first batch's, then an exponential moving
+    average with ``momentum``); afterwards the range, widened to include 0 so that 0 is exact, is frozen.
+    """
+
+    def __init__(self, bits: int, momentum: float) -> None:
+        self.bits, self.momentum = bits, momentum
+        self.calibrating = True
+        self.low: Tensor | None = None
+        self.high: Tensor | None = None
+
+    def __call__(self, _module: nn.Module, args: tuple[Tensor, ...]) -> tuple[Tensor, ...] | None:
+        (x,) = args
+        if self.calibrating:
+            low, high = x.detach().min().float(), x.detach().max().float()
+            m = self.momentum
+            self.low = low if self.low is None else m * self.low + (1 - m) * low
+            self.high = high if self.high is None else m * self.high + (1 - m) * high
+            return None
+        if self.low is None:
+            raise RuntimeError("activation quantizer used before calibration saw any input")
+        low, high = self.low.clamp(max=0.0), self.high.clamp(min=0.0)
+        scale = ((high - low) / (2**self.bits - 1)).clamp_min(1e-12)
+        zero_point = torch.round(-low / scale)
+        return (fake_quantize(x.float(), scale, zero_point, 0, 2**self.bits - 1).to(x.dtype),)
+
+
+@torch.no_grad()
+def w8a8_perplexity(
+    model: nn.Module, calibration: Tokens, tokens: Tokens, bits: int = 8, momentum: float = 0.9
+) -> dict[str, Any]:
+    """Perplexity with simulated W{bits}A{bits}: every Linear but the LM head gets fake-quantised weights
+    (symmetric per-tensor) and inputs (asymmetric per-tensor, min-max calibrated on the rows ``calibration``
+    with an EMA, then frozen). Works on a deep copy; the model passed in is not touched."""
+    model = unwrap(model)
+    device = device_of(model)
+    batches = as_batches(tokens, device)
+    quantized = copy.deepcopy(model)
+    quantizers = []
+    for name, module in quantized.named_modules():
+        if isinstance(module, nn.Linear) and name != "lm_head":
+            quantize_weight_(module.weight, bits)
+            quantizers.append(ActivationQuantizer(bits, momentum))
+            module.register_forward_pre_hook(quantizers[-1])
+    with evaluating(quantized):
+        for batch in as_batches(calibration, device):
+            quantized(batch[:, :-1])  # the inputs the perplexity pass will see
+    for quantizer in quantizers:
+        quantizer.calibrating = False
+    return {
+        "bits": bits,
+        "fp_perplexity": perplexity(model, batches),
+        "quantized_perplexity": perplexity(quantized, batches),
+        "quantized_linears": len(quantizers),
+    }

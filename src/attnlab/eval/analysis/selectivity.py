@@ -1,0 +1,179 @@
+"""Selective attention analysis (Zhang et al. 2024, seed 004, Figures 1-2): how spiky the attention rows are,
+how large the query-key bilinear form is, and which tokens the learned temperature singles out."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.attention.variants.selective_temperature import SelectiveTemperature
+from attnlab.eval.analysis.common import (
+    Tokens,
+    as_batches,
+    attention_maps,
+    device_of,
+    evaluating,
+    first_tokens,
+    unwrap,
+)
+
+
+def spikiness(probabilities: Tensor) -> Tensor:
+    """``||s||_1 / (||s||_2^2 L)`` of every causal row of (..., T, T) maps, L = t + 1 keys visible to query t.
+
+    A uniform row gives 1, a one-hot row 1/L: smaller is spikier.
+    """
+    p = probabilities.double()
+    visible = torch.arange(1, p.shape[-1] + 1, device=p.device, dtype=p.dtype)
+    return p.abs().sum(-1) / (p.pow(2).sum(-1).clamp_min(1e-300) * visible)
+
+
+@torch.no_grad()
+def attention_spikiness(model: nn.Module, tokens: Tokens, max_tokens: int = 1000) -> dict[str, Any]:
+    """Mean spikiness per layer (over rows and heads) on the first ``max_tokens`` tokens, and over layers."""
+    model = unwrap(model)
+    total, rows = torch.zeros(len(model.blocks), dtype=torch.float64), 0
+
+    def add(i: int, probabilities: Tensor) -> None:
+        total[i] += spikiness(probabilities).sum().cpu()
+
+    with evaluating(model), attention_maps(model, add):
+        for batch in first_tokens(as_batches(tokens, device_of(model)), max_tokens):
+            model(batch)
+            rows += batch.numel() * model.config.n_head
+    per_layer = total / rows
+    return {"layers": per_layer.tolist(), "mean": per_layer.mean().item(), "tokens": rows // model.config.n_head}
+
+
+@torch.no_grad()
+def qk_operator_norms(model: nn.Module) -> dict[str, Any]:
+    """Largest singular value of the combined W_q^h W_k^h^T (d x d) of each head, from the fused qkv weights;
+    with GQA query head h is paired with the KV head it reads (h // (H / KV)). Biases and RoPE are left out.
+
+    With W_q^h^T = Q_q R_q and W_k^h^T = Q_k R_k (thin QR, d x d_h), the product is Q_q R_q R_k^T Q_k^T, whose
+    singular values are those of the d_h x d_h matrix R_q R_k^T: no d x d SVD needed.
+    """
+    model = unwrap(model)
+    heads = []
+    for block in model.blocks:
+        n_head, n_kv, dh = block.attn.shape.n_head, block.attn.shape.n_kv_head, block.attn.shape.head_dim
+        weight = block.attn.qkv.weight.detach().double()
+        w_q = weight[: n_head * dh].unflatten(0, (n_head, dh))
+        w_k = weight[n_head * dh : (n_head + n_kv) * dh].unflatten(0, (n_kv, dh))
+        w_k = w_k.repeat_interleave(n_head // n_kv, dim=0)
+        r_q, r_k = torch.linalg.qr(w_q.mT).R, torch.linalg.qr(w_k.mT).R
+        heads.append(torch.linalg.matrix_norm(r_q @ r_k.mT, ord=2).cpu())
+    norms = torch.stack(heads)
+    return {"heads": norms.tolist(), "layers": norms.mean(dim=1).tolist(), "mean": norms.mean().item()}
+
+
+def has_temperature(model: nn.Module, component: str = "q") -> bool:
+    return any(
+        isinstance(v := block.attn.variant, SelectiveTemperature) and component in v.temperatures
+        for block in unwrap(model).blocks
+    )
+
+
+@torch.no_grad()
+def token_temperatures(model: nn.Module, tokens: Tensor, component: str = "q") -> Tensor:
+    """(n_layer, B, T): the learned tau_c each token gets in each layer, averaged over heads (tau multiplies c,
+    so a larger tau is a lower softmax temperature for q). Layers without a temperature on ``c`` give NaN.
+
+    Read from a forward hook on the variant's ``Temperature`` module, whose output is tau (B, heads, T, 1) or a
+    broadcastable shape when a term does not depend on the token.
+    """
+    model = unwrap(model)
+    (batch,) = as_batches(tokens, device_of(model))
+    taus = torch.full((len(model.blocks), *batch.shape), float("nan"))
+
+    def capture(i: int):
+        def hook(_module: nn.Module, args: tuple[Any, ...], output: Tensor) -> None:
+            c = args[1]  # (B, heads, T, d_h)
+            tau = output.expand(*c.shape[:-1], 1)
+            taus[i] = tau.float().mean(dim=1).squeeze(-1).cpu()
+
+        return hook
+
+    handles = []
+    for i, block in enumerate(model.blocks):
+        variant = block.attn.variant
+        if isinstance(variant, SelectiveTemperature) and component in variant.temperatures:
+            handles.append(variant.temperatures[component].register_forward_hook(capture(i)))
+    try:
+        with evaluating(model):
+            model(batch)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return taus
+
+
+def _colours(values: Sequence[float]) -> tuple[list[tuple[float, ...]], float, float]:
+    """magma colours, dark for the lowest value; returns the colours and the value range."""
+    from matplotlib import colormaps
+
+    v = torch.as_tensor(values, dtype=torch.float64)
+    low, high = v.min().item(), v.max().item()
+    scaled = (v - low) / max(high - low, 1e-12)
+    cmap = colormaps["magma"]
+    return [cmap(0.05 + 0.9 * s) for s in scaled.tolist()], low, high
+
+
+def _text_colour(rgba: tuple[float, ...]) -> str:
+    return "black" if 0.299 * rgba[0] + 0.587 * rgba[1] + 0.114 * rgba[2] > 0.5 else "white"
+
+
+def temperature_html(pieces: Sequence[str], values: Sequence[float], title: str) -> str:
+    """The text with each token on a background coloured by its value (darker = lower); hover shows the value."""
+    colours, low, high = _colours(values)
+    spans = []
+    for piece, value, rgba in zip(pieces, values, colours, strict=True):
+        background = "#{:02x}{:02x}{:02x}".format(*(round(255 * c) for c in rgba[:3]))
+        spans.append(
+            f'<span title="{value:.4f}" style="background:{background};color:{_text_colour(rgba)}">'
+            f"{html.escape(piece)}</span>"
+        )
+    return (
+        "<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"
+        f"<title>{html.escape(title)}</title></head>\n<body style='font-family:monospace'>\n"
+        f"<h3>{html.escape(title)}</h3>\n<p>darker = lower value; range {low:.4f} .. {high:.4f}</p>\n"
+        f"<div style='white-space:pre-wrap;line-height:1.6'>{''.join(spans)}</div>\n</body></html>\n"
+    )
+
+
+def temperature_png(pieces: Sequence[str], values: Sequence[float], path: Path, title: str, columns: int = 100) -> None:
+    """The same picture as a PNG: monospace text on a character grid, one coloured cell run per token."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
+
+    colours, low, high = _colours(values)
+    cells = []  # (column, row, text, colour) per run of a token's characters on one line
+    col = row = 0
+    for piece, rgba in zip(pieces, colours, strict=True):
+        for k, line in enumerate(piece.replace("\t", " ").split("\n")):
+            if k:
+                col, row = 0, row + 1
+            if col + len(line) > columns and col:
+                col, row = 0, row + 1
+            if line:
+                cells.append((col, row, line, rgba))
+                col += len(line)
+    rows = row + 1
+    fontsize = 10.0
+    char_in, line_in = 0.6 * fontsize / 72, 1.5 * fontsize / 72  # DejaVu Sans Mono advance ~0.6 em
+    width, height = columns * char_in + 0.4, rows * line_in + 0.7  # inches, with margins 0.2 and 0.5 for the title
+    fig = Figure(figsize=(width, height))
+    ax = fig.add_axes((0.2 / width, 0.2 / height, 1 - 0.4 / width, 1 - 0.7 / height))
+    ax.set_xlim(0, columns)
+    ax.set_ylim(rows, 0)
+    ax.axis("off")
+    for col, row, line, rgba in cells:
+        ax.add_patch(Rectangle((col, row), len(line), 1, facecolor=rgba, edgecolor="none"))
+        ax.text(col, row + 0.5, line, family="monospace", fontsize=fontsize, va="center", color=_text_colour(rgba))
+    fig.suptitle(f"{title} (darker = lower; {low:.3f} .. {high:.3f})", fontsize=fontsize)
+    fig.savefig(path, dpi=100)

@@ -1,0 +1,114 @@
+"""Attention sinks and gates (Qiu et al. 2025, seed 002): does a layer dump attention on the first token, how
+large do its activations get, and how sparse are its gate values?"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.attention import AttentionVariant
+from attnlab.attention.variants.gate import Gate
+from attnlab.attention.variants.head_gate import HeadGate
+from attnlab.eval.analysis.common import Tokens, as_batches, attention_maps, device_of, evaluating, unwrap
+
+
+@torch.no_grad()
+def attention_sinks(model: nn.Module, tokens: Tokens, skip: int = 4) -> dict[str, Any]:
+    """Per layer: the mean probability that queries at 0-based positions >= ``skip`` put on key 0 (over heads,
+    queries and sequences), and the max |x| of the block output (the residual stream) over all tokens."""
+    model = unwrap(model)
+    n_layer = len(model.blocks)
+    share, rows = torch.zeros(n_layer, dtype=torch.float64), 0
+    max_activation = torch.zeros(n_layer, dtype=torch.float64)
+
+    def track_max(i: int):
+        def hook(_module: nn.Module, _args: tuple[Any, ...], output: Tensor) -> None:
+            max_activation[i] = torch.maximum(max_activation[i], output.detach().abs().max().double().cpu())
+
+        return hook
+
+    def add_share(i: int, probabilities: Tensor) -> None:
+        share[i] += probabilities[:, :, skip:, 0].double().sum().cpu()
+
+    handles = [block.register_forward_hook(track_max(i)) for i, block in enumerate(model.blocks)]
+    try:
+        with evaluating(model), attention_maps(model, add_share):
+            for batch in as_batches(tokens, device_of(model)):
+                if batch.shape[1] <= skip:
+                    continue
+                model(batch)
+                rows += batch.shape[0] * model.config.n_head * (batch.shape[1] - skip)
+    finally:
+        for handle in handles:
+            handle.remove()
+    if rows == 0:
+        raise ValueError(f"no sequence is longer than skip={skip} tokens")
+    share /= rows
+    return {
+        "skip": skip,
+        "first_token_share": share.tolist(),
+        "first_token_share_mean": share.mean().item(),
+        "max_activation": max_activation.tolist(),
+        "max_activation_max": max_activation.max().item(),
+    }
+
+
+def is_gated(variant: AttentionVariant) -> bool:
+    return isinstance(variant, Gate | HeadGate)
+
+
+def gate_values(variant: AttentionVariant, x: Tensor) -> Tensor:
+    """The gate scores the variant computes from its layer input ``x`` (B, T, d), before any fine-tuning rescale:
+    ``act(x W_g + b_g)`` for ``gated_sdpa``-style gates, ``sigmoid(G_h(x_h))`` for Bondarenko's head gate."""
+    if isinstance(variant, Gate):
+        return variant.activation(variant.proj(x))
+    if isinstance(variant, HeadGate):
+        return torch.sigmoid(variant.gate_logits(x))
+    raise TypeError(f"{type(variant).__name__} has no gate")
+
+
+@torch.no_grad()
+def gate_statistics(model: nn.Module, tokens: Tokens, bins: int = 20) -> dict[str, Any] | None:
+    """Per layer: mean gate value and a histogram (on [0, 1] for sigmoid-type gates, the data range for SiLU);
+    the seed reports means around 0.1-0.25 (sparse) for its SDPA gate. None for models without gates."""
+    model = unwrap(model)
+    variants = [block.attn.variant for block in model.blocks]
+    if not any(is_gated(v) for v in variants):
+        return None
+    values: list[list[Tensor]] = [[] for _ in variants]
+
+    def capture(i: int):
+        def hook(_module: nn.Module, args: tuple[Any, ...]) -> None:
+            values[i].append(gate_values(variants[i], args[0]).detach().float().flatten().cpu())
+
+        return hook
+
+    blocks = [(i, block) for i, block in enumerate(model.blocks) if is_gated(variants[i])]
+    handles = [block.attn.register_forward_pre_hook(capture(i)) for i, block in blocks]
+    try:
+        with evaluating(model):
+            for batch in as_batches(tokens, device_of(model)):
+                model(batch)
+    finally:
+        for handle in handles:
+            handle.remove()
+    layers = []
+    for variant, layer_values in zip(variants, values, strict=True):
+        if not layer_values:
+            layers.append(None)
+            continue
+        flat = torch.cat(layer_values)
+        bounded = getattr(variant.options, "activation", "sigmoid") != "silu"
+        low, high = (0.0, 1.0) if bounded else (flat.min().item(), flat.max().item())
+        layers.append(
+            {
+                "mean": flat.mean().item(),
+                "fraction_below_0.1": (flat < 0.1).double().mean().item(),
+                "histogram": torch.histc(flat, bins=bins, min=low, max=high).long().tolist(),
+                "histogram_range": [low, high],
+            }
+        )
+    means = [layer["mean"] for layer in layers if layer is not None]
+    return {"layers": layers, "mean": sum(means) / len(means)}

@@ -1,0 +1,283 @@
+"""Run a task set (``conf/eval/*.yaml``) through lm-eval and record it: a JSON per run, a CSV row, W&B.
+
+Tasks go through ``lm_eval.simple_evaluate`` with a ``TaskManager`` that also indexes attnlab's own tasks
+(``attnlab/eval/tasks``: passkey, held-out perplexity), so the hub tasks and ours share one code path.
+"""
+
+from __future__ import annotations
+
+import csv
+import fnmatch
+import json
+import logging
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+from omegaconf import OmegaConf
+
+from attnlab.errors import ConfigError
+from attnlab.eval.heldout import heldout_dataset
+from attnlab.eval.lm import AttnlabLM
+from attnlab.eval.passkey import MAX_NEW_TOKENS, per_length_accuracy
+
+log = logging.getLogger(__name__)
+
+TASKS_DIR = Path(__file__).parent / "tasks"  # attnlab's own lm-eval tasks
+RUN_FIELDS = ("run_id", "time", "suite", "checkpoint", "pretrained", "model", "attention", "limit", "lm_eval")
+
+
+def run_data_config(checkpoint: str | None) -> dict[str, Any]:
+    """The training run's ``data`` config (from ``<run>/.hydra/config.yaml``), or {} when there is none."""
+    if not checkpoint:
+        return {}
+    config = Path(checkpoint).resolve().parent.parent / ".hydra" / "config.yaml"
+    if not config.is_file():
+        return {}
+    data = OmegaConf.load(config).get("data")
+    return {k: data.get(k) for k in ("name", "seed", "val_fraction")} if data is not None else {}
+
+
+def task_metadata(lm: AttnlabLM, suite: dict[str, Any], out_dir: Path, cache_dir: str, data: dict[str, Any]) -> dict:
+    """What attnlab's generated tasks need: the tokenizer (saved with the results), passkey and held-out settings."""
+    tokenizer_file = out_dir / "tokenizer.json"
+    lm.tokenizer.save(str(tokenizer_file))
+    passkey = dict(suite.get("passkey") or {})
+    too_long = [n for n in passkey.get("context_lengths", []) if n > lm.max_length - MAX_NEW_TOKENS]
+    if too_long:
+        raise ConfigError(
+            "eval.passkey.context_lengths",
+            f"{too_long} leave no room for the {MAX_NEW_TOKENS}-token answer in the model's "
+            f"{lm.max_length}-token window (prompts are never truncated)",
+        )
+    if data.get("name") not in (None, "wiki_sample") and "attnlab_heldout" in suite.get("tasks", []):
+        log.warning("attnlab_heldout scores the wiki_sample split, but the model trained on %s", data["name"])
+    return {
+        "tokenizer": str(tokenizer_file),
+        "context_lengths": list(passkey.get("context_lengths") or []) or None,
+        "samples_per_length": passkey.get("samples_per_length", 10),
+        "passkey_seed": passkey.get("seed", 1234),
+        "cache_dir": str(cache_dir),
+        "data_seed": data.get("seed") or 1337,
+        "val_fraction": data.get("val_fraction") or 0.1,
+    }
+
+
+def run_lm_eval(
+    lm: AttnlabLM,
+    suite: dict[str, Any],
+    out_dir: Path,
+    *,
+    limit: int | None,
+    seed: int,
+    cache_dir: str,
+    data: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """``simple_evaluate`` over the suite's tasks; raises a ``ConfigError`` naming the hub when a dataset is missing."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    metadata = task_metadata(lm, suite, out_dir, cache_dir, data or {})
+    include = [str(TASKS_DIR), *(str(Path(p).resolve()) for p in suite.get("include_path") or [])]
+    manager = TaskManager(include_path=include, include_defaults=suite.get("include_defaults", True), metadata=metadata)
+    try:
+        return lm_eval.simple_evaluate(
+            model=lm,
+            tasks=list(suite["tasks"]),
+            limit=limit,
+            task_manager=manager,
+            bootstrap_iters=int(suite.get("bootstrap_iters", 0)),
+            log_samples=False,
+            random_seed=seed,
+            numpy_random_seed=seed,
+            torch_random_seed=seed,
+            fewshot_random_seed=seed,
+        )
+    except Exception as exc:
+        if re.search(r"offline|connect|couldn't reach|hub", f"{type(exc).__name__} {exc}", re.IGNORECASE):
+            raise ConfigError(
+                "eval.tasks",
+                f"{exc.__class__.__name__}: {exc}. These tasks download their datasets from the Hugging Face hub, "
+                "which is unreachable here and not cached; run once with internet access or use eval=quick.",
+            ) from exc
+        raise
+
+
+def metric_columns(results: dict[str, Any], suite: dict[str, Any]) -> dict[str, float | None]:
+    """The suite's table columns (``{name, task, metric}``; ``metric: acc_*`` expands to one column per match)
+    and ``avg``, the mean of the ``average`` columns (the paper's average accuracy)."""
+    columns: dict[str, float | None] = {}
+    for spec in suite.get("columns") or []:
+        scores = results.get("results", {}).get(spec["task"], {})
+        metric = spec["metric"]
+        if "*" not in metric:
+            value = scores.get(f"{metric},none")
+            columns[spec["name"]] = float(value) if isinstance(value, int | float) else None
+            continue
+        prefix = metric.split("*")[0]
+        names = [k.removesuffix(",none") for k in scores if k.endswith(",none") and "_stderr" not in k]
+        natural = lambda n: [int(t) if t.isdigit() else t for t in n.split("_")]  # acc_64 before acc_128
+        matched = sorted(fnmatch.filter(names, metric), key=natural)
+        for name in matched:
+            columns[f"{spec['name']}_{name[len(prefix) :]}"] = float(scores[f"{name},none"])
+    averaged = [columns.get(name) for name in suite.get("average") or []]
+    if averaged and all(v is not None for v in averaged):
+        columns["avg"] = sum(averaged) / len(averaged)
+    return columns
+
+
+def append_csv(path: Path, row: dict[str, Any]) -> None:
+    """Add ``row`` to ``path``; a new column rewrites the header, every earlier row is kept (under a file lock)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path) + ".lock"):
+        rows = list(csv.DictReader(path.open())) if path.is_file() else []
+        fields = list(dict.fromkeys([*(rows[0].keys() if rows else []), *row.keys()]))
+        if rows and fields == list(rows[0].keys()):
+            with path.open("a", newline="") as fh:
+                csv.DictWriter(fh, fieldnames=fields).writerow(row)
+            return
+        tmp = path.with_suffix(".tmp")
+        with tmp.open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=fields)
+            writer.writeheader()
+            writer.writerows([*rows, row])
+        tmp.replace(path)
+
+
+def log_wandb(row: dict[str, Any], record: dict[str, Any], out_dir: Path, wandb_cfg: dict[str, Any]) -> None:
+    """Summary metrics and a one-row table, in a W&B run of its own (offline unless an API key is set)."""
+    import wandb
+
+    from attnlab.training.loggers import wandb_mode
+
+    run = wandb.init(
+        project=wandb_cfg.get("project", "attnlab"),
+        group=wandb_cfg.get("group", "eval"),
+        name=wandb_cfg.get("name") or f"eval-{row['suite']}-{row['attention']}",
+        dir=str(out_dir),
+        job_type="eval",
+        mode=wandb_mode(),
+        config={"run": {k: row[k] for k in RUN_FIELDS}, "versions": record.get("versions")},
+    )
+    metrics = {k: v for k, v in row.items() if k not in RUN_FIELDS and isinstance(v, int | float)}
+    run.summary.update(metrics)
+    run.log({"eval/table": wandb.Table(columns=list(row), data=[[row[k] for k in row]])})
+    run.finish()
+
+
+def summary_text(row: dict[str, Any], lm_eval_results: dict[str, Any] | None) -> str:
+    lines = [f"\nattnlab eval [{row['suite']}]: {row['model']} + attention={row['attention']}"]
+    if lm_eval_results:
+        from lm_eval.utils import make_table
+
+        lines.append(make_table(lm_eval_results))
+    lines += [f"  {k:>20s}  {v:.4f}" for k, v in row.items() if k not in RUN_FIELDS and isinstance(v, float)]
+    return "\n".join(lines) + "\n"
+
+
+def evaluate_suite(
+    lm: AttnlabLM,
+    suite: dict[str, Any],
+    out_dir: Path,
+    *,
+    limit: int | None = None,
+    seed: int = 1234,
+    cache_dir: str = ".cache/attnlab",
+    results_csv: Path | None = None,
+    run_id: str = "",
+    wandb_cfg: dict[str, Any] | None = None,
+    data: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Evaluate ``lm`` on ``suite`` (lm-eval ``tasks`` and/or ``analysis``); write ``results.json``; return it."""
+    import lm_eval
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    results = None
+    if suite.get("tasks"):
+        results = run_lm_eval(lm, suite, out_dir, limit=limit, seed=seed, cache_dir=cache_dir, data=data)
+    info = lm.get_model_info()
+    row: dict[str, Any] = {
+        "run_id": run_id,
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "suite": suite.get("name", "custom"),
+        "checkpoint": lm.checkpoint,
+        "pretrained": lm.pretrained,
+        "model": info["attnlab_model"],
+        "attention": info["attnlab_attention"],
+        "limit": limit,
+        "lm_eval": lm_eval.__version__,
+    }
+    record: dict[str, Any] = {"lm_eval_version": lm_eval.__version__, "model": info, "suite": suite}
+    if results is not None:
+        row.update(metric_columns(results, suite))
+        record.update(
+            results={k: results[k] for k in ("results", "groups", "versions", "n-samples", "configs") if k in results},
+            versions=results["versions"],
+        )
+        if "passkey" in results["results"]:
+            passkey = results["results"]["passkey"]
+            record["passkey"] = {"per_length": per_length_accuracy(passkey), "overall": passkey["acc,none"]}
+    if suite.get("analysis") is not None:
+        analysis_cfg = dict(suite["analysis"])
+        if "texts" not in analysis_cfg and "eval_tokens" not in analysis_cfg:
+            analysis_cfg["texts"] = heldout_texts(data or {}, cache_dir)
+        record["analysis"] = run_analysis_suite(lm, out_dir / "analysis", analysis_cfg)
+    record.update(summary=row, seconds=time.perf_counter() - started)
+    from lm_eval.utils import handle_non_serializable
+
+    (out_dir / "results.json").write_text(json.dumps(record, indent=2, default=handle_non_serializable))
+    if results_csv is not None:
+        append_csv(Path(results_csv), row)
+    if wandb_cfg is not None:
+        log_wandb(row, record, out_dir, wandb_cfg)
+    print(summary_text(row, results))
+    if "analysis" in record:
+        from attnlab.eval.analysis import format_summary
+
+        print(format_summary(record["analysis"]))
+    return record
+
+
+def heldout_texts(data: dict[str, Any], cache_dir: str) -> list[str]:
+    """The documents the training run held out of the embedded corpus: the analysis' default evaluation text."""
+    docs = heldout_dataset(
+        data_seed=data.get("seed") or 1337, val_fraction=data.get("val_fraction") or 0.1, cache_dir=cache_dir
+    )["test"]
+    return list(docs["text"])
+
+
+def run_analysis_suite(lm: AttnlabLM, out_dir: Path, cfg: dict[str, Any]) -> dict[str, Any]:
+    """Delegate to ``attnlab.eval.analysis.run_analysis(model, tokenizer, out_dir, cfg)``."""
+    try:
+        from attnlab.eval.analysis import run_analysis
+    except ImportError as exc:
+        raise ConfigError("eval.analysis", f"analysis not available: {exc}") from exc
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return run_analysis(lm.model, lm.tokenizer, out_dir, cfg)
+
+
+def evaluate_after_training(cfg: Any, checkpoint: str | None, run_dir: Path) -> dict[str, Any]:
+    """train.py's ``eval.after_train``: the run's checkpoint on ``cfg.eval``, written under ``<run>/eval``."""
+    import torch
+
+    from attnlab.resolvers import RUN_ID
+
+    if not checkpoint:
+        raise ConfigError("eval.after_train", "training saved no checkpoint to evaluate (callbacks.model_checkpoint)")
+    suite = OmegaConf.to_container(cfg.eval, resolve=True)
+    lm = AttnlabLM(checkpoint=checkpoint, device="cuda" if torch.cuda.is_available() else "cpu")
+    record = evaluate_suite(
+        lm,
+        suite,
+        run_dir / "eval",
+        limit=suite.get("limit"),
+        seed=cfg.seed,
+        cache_dir=cfg.paths.cache_dir,
+        results_csv=Path(cfg.paths.log_dir) / "eval" / "results.csv",
+        run_id=RUN_ID,
+        data={k: cfg.data.get(k) for k in ("name", "seed", "val_fraction")},
+    )
+    return record["summary"]

@@ -1,0 +1,250 @@
+"""lm-eval's view of an attnlab model, registered as ``attnlab`` so every lm-eval task can score our checkpoints.
+
+Right padding plus causal attention makes each row's scores independent of what it is batched with, so results
+do not move with the batch size (tests check it). Rolling perplexity uses lm-eval's own disjoint windows.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from lm_eval.api.model import TemplateLM
+from lm_eval.api.registry import register_model
+from lm_eval.models.utils import Collator
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from tokenizers import Tokenizer
+from tqdm import tqdm
+
+from attnlab.data.tokenizer import eos_token_id, load_pretrained_tokenizer
+from attnlab.errors import ConfigError
+from attnlab.models import GPT
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+BOS_CANDIDATES = ("<|begin_of_text|>", "<s>")
+
+
+def checkpoint_tokenizer_path(checkpoint: str | Path) -> Path | None:
+    """``<run>/checkpoints/last.ckpt`` -> ``<run>/tokenizer.json`` (saved by the training run), if it exists."""
+    ckpt = Path(checkpoint).resolve()
+    for directory in (ckpt.parent.parent, ckpt.parent):
+        if (directory / "tokenizer.json").is_file():
+            return directory / "tokenizer.json"
+    return None
+
+
+def load_tokenizer(
+    checkpoint: str | None = None, pretrained: str | None = None, tokenizer: str | Tokenizer | None = None
+) -> Tokenizer:
+    """An explicit ``tokenizer``, else the one saved with the checkpoint's run, else the pretrained model's own."""
+    if isinstance(tokenizer, Tokenizer):
+        return tokenizer
+    if tokenizer:
+        return load_pretrained_tokenizer(tokenizer)
+    if checkpoint:
+        saved = checkpoint_tokenizer_path(checkpoint)
+        if saved is not None:
+            return Tokenizer.from_file(str(saved))
+        hparams = torch.load(checkpoint, map_location="cpu", weights_only=False)["hyper_parameters"]
+        name = hparams["model"].get("tokenizer")
+        if name:
+            return load_pretrained_tokenizer(name)
+        raise ConfigError(
+            "tokenizer",
+            f"no tokenizer.json next to {checkpoint} (expected <run>/tokenizer.json, written by training runs "
+            "since the evaluation release) and the checkpoint names none; pass tokenizer=<path to tokenizer.json>",
+        )
+    if pretrained:
+        from attnlab.models.hf import hf_tokenizer_path
+
+        return Tokenizer.from_file(hf_tokenizer_path(pretrained.removeprefix("hf:")))
+    raise ConfigError("tokenizer", "nothing to load a tokenizer from: pass checkpoint=, pretrained= or tokenizer=")
+
+
+def load_model(checkpoint: str | None = None, pretrained: str | None = None, attention: Any = "vanilla") -> GPT:
+    """The exact model (architecture and attention variant) a Lightning checkpoint or an HF checkpoint describes."""
+    if checkpoint:
+        from attnlab.training.module import LanguageModel
+
+        if not Path(checkpoint).is_file():
+            raise ConfigError("checkpoint", f"no checkpoint at {checkpoint}")
+        return LanguageModel.load_from_checkpoint(checkpoint, map_location="cpu").model
+    if pretrained:
+        from attnlab.models.hf import from_hf
+
+        return from_hf(pretrained.removeprefix("hf:"), attention=attention)
+    raise ConfigError("checkpoint", "pass checkpoint=<run>/checkpoints/last.ckpt or pretrained=hf:<name or dir>")
+
+
+def resolve_device(device: str | None) -> torch.device:
+    """lm-eval's CLI defaults to ``cuda:0``; fall back to the CPU (with a warning) where there is none."""
+    if device and device.startswith("cuda") and not torch.cuda.is_available():
+        log.warning("device=%s requested but CUDA is not available: using the CPU", device)
+        device = "cpu"
+    return torch.device(device or "cpu")
+
+
+@register_model("attnlab")
+class AttnlabLM(TemplateLM):
+    """An attnlab ``GPT`` from a Lightning checkpoint (``checkpoint=``), an HF one (``pretrained=hf:<name>``) or
+    an in-memory model (``model=``), scored through lm-eval's loglikelihood / rolling / generation requests."""
+
+    def __init__(
+        self,
+        checkpoint: str | None = None,
+        pretrained: str | None = None,
+        attention: Any = "vanilla",
+        tokenizer: str | Tokenizer | None = None,
+        model: GPT | None = None,
+        batch_size: int | str = 8,
+        max_batch_size: int | None = None,
+        device: str | None = "cpu",
+        max_length: int | None = None,
+        dtype: str = "float32",
+    ) -> None:
+        super().__init__()
+        if str(batch_size).startswith("auto"):
+            raise ConfigError("batch_size", "batch_size=auto is not supported by the attnlab model; pass an integer")
+        if dtype not in DTYPES:
+            raise ConfigError("dtype", f"{dtype!r} is not one of {sorted(DTYPES)}")
+        self.checkpoint, self.pretrained = checkpoint, pretrained
+        self.model = model if model is not None else load_model(checkpoint, pretrained, attention)
+        self._device = resolve_device(device)
+        self.model = self.model.to(device=self._device, dtype=DTYPES[dtype]).eval()
+        self.tokenizer = load_tokenizer(checkpoint, pretrained, tokenizer)
+        self.batch_size = int(batch_size)
+        self.max_length = int(max_length or self.model.config.block_size)
+        vocab = self.tokenizer.get_vocab_size()
+        if vocab > self.model.config.vocab_size:
+            raise ConfigError(
+                "tokenizer", f"{vocab} tokens but the model has {self.model.config.vocab_size} embeddings"
+            )
+        self._eot = eos_token_id(self.tokenizer)
+        bos = [self.tokenizer.token_to_id(t) for t in BOS_CANDIDATES if self.tokenizer.token_to_id(t) is not None]
+        self._prefix = bos[0] if bos else self._eot
+
+    # ------------------------------------------------------------------ tokens
+    @property
+    def eot_token_id(self) -> int:
+        return self._eot
+
+    @property
+    def prefix_token_id(self) -> int:
+        """BOS where the tokenizer has one (Llama), else end-of-text, as the first token of a scored text."""
+        return self._prefix
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
+        return self.tokenizer.encode(string, add_special_tokens=bool(add_special_tokens)).ids
+
+    def tok_decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=False)
+
+    def get_model_info(self) -> dict[str, Any]:
+        config = self.model.config
+        return {
+            "attnlab_checkpoint": self.checkpoint,
+            "attnlab_pretrained": self.pretrained,
+            "attnlab_model": config.name,
+            "attnlab_attention": self.model.attention_config.get("name"),
+            "attnlab_parameters": self.model.num_parameters(),
+        }
+
+    # ------------------------------------------------------------------ scoring
+    @torch.inference_mode()
+    def _score(self, inputs: list[list[int]], targets: list[list[int]]) -> list[tuple[float, bool]]:
+        """Sum of log p(target) over the last ``len(target)`` positions of each right-padded row, and greedy-ness."""
+        width = max(len(row) for row in inputs)
+        batch = torch.full((len(inputs), width), self._eot, dtype=torch.long)
+        for i, row in enumerate(inputs):
+            batch[i, : len(row)] = torch.tensor(row)
+        logprobs = F.log_softmax(self.model(batch.to(self._device)).float(), dim=-1)
+        scores = []
+        for i, (row, target) in enumerate(zip(inputs, targets, strict=True)):
+            window = logprobs[i, len(row) - len(target) : len(row)]
+            target_ids = torch.tensor(target, device=window.device)
+            greedy = bool((window.argmax(dim=-1) == target_ids).all())
+            scores.append((float(window.gather(-1, target_ids[:, None]).sum()), greedy))
+        return scores
+
+    def _loglikelihood_tokens(
+        self, requests: list[tuple[tuple[str, str] | None, list[int], list[int]]], disable_tqdm: bool = False
+    ) -> list[tuple[float, bool]]:
+        """Longest first (lm-eval's Collator), contexts left-truncated so context + continuation fit the window."""
+        collator = Collator(requests, sort_fn=lambda r: (-len(r[1] + r[2]), tuple(r[1] + r[2])))
+        results = []
+        bar = tqdm(total=len(requests), disable=disable_tqdm or self.rank != 0, desc="attnlab loglikelihood")
+        for chunk in collator.get_batched(n=self.batch_size):
+            inputs = [(ctx + cont)[-(self.max_length + 1) :][:-1] for _, ctx, cont in chunk]
+            scores = self._score(inputs, [cont for _, _, cont in chunk])
+            for (request, _, _), answer in zip(chunk, scores, strict=True):
+                if request is not None:
+                    self.cache_hook.add_partial("loglikelihood", request, answer)
+                results.append(answer)
+                bar.update(1)
+        bar.close()
+        return collator.get_original(results)
+
+    def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
+        """Whole-document log-likelihood over disjoint windows of ``max_length`` tokens (lm-eval's convention)."""
+        windows, owners = [], []
+        for i, (text,) in enumerate(req.args for req in requests):
+            pairs = get_rolling_token_windows(self.tok_encode(text), self.prefix_token_id, self.max_length, 1)
+            for context, target in map(make_disjoint_window, pairs):
+                windows.append((None, context, target))
+                owners.append(i)
+        totals = [0.0] * len(requests)
+        for owner, (logprob, _) in zip(owners, self._loglikelihood_tokens(windows, disable_tqdm), strict=True):
+            totals[owner] += logprob
+        for req, total in zip(requests, totals, strict=True):
+            self.cache_hook.add_partial("loglikelihood_rolling", req.args, total)
+        return totals
+
+    # ------------------------------------------------------------------ generation
+    @torch.inference_mode()
+    def greedy_generate(self, context: list[int], max_new_tokens: int, until: list[str]) -> str:
+        """Greedy decoding with the KV cache; stops at end-of-text, after ``max_new_tokens`` or at a stop string."""
+        cache = self.model.new_cache()
+        tokens = torch.tensor([context], device=self._device)
+        logits = self.model(tokens, start_pos=0, cache=cache)
+        generated: list[int] = []
+        text = ""
+        for _ in range(max_new_tokens):
+            next_id = int(logits[0, -1].argmax())
+            if next_id == self._eot:
+                break
+            generated.append(next_id)
+            text = self.tok_decode(generated)
+            if any(stop in text for stop in until):
+                break
+            position = len(context) + len(generated) - 1
+            logits = self.model(torch.tensor([[next_id]], device=self._device), start_pos=position, cache=cache)
+        for stop in until:
+            text = text.split(stop)[0]
+        return text
+
+    def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+        outputs = []
+        for request in tqdm(requests, disable=disable_tqdm or self.rank != 0, desc="attnlab generate"):
+            context, gen_kwargs = request.args
+            gen_kwargs = dict(gen_kwargs)
+            if gen_kwargs.get("do_sample") and gen_kwargs.get("temperature", 1.0) > 0:
+                log.warning("attnlab decodes greedily; ignoring do_sample=True")
+            until = gen_kwargs.get("until") or []
+            until = [until] if isinstance(until, str) else list(until)
+            max_new = int(gen_kwargs.get("max_gen_toks", 256))
+            if max_new >= self.max_length:
+                raise ConfigError("max_gen_toks", f"{max_new} leaves no room for a context in {self.max_length} tokens")
+            ids = self.tok_encode(context)[-(self.max_length - max_new) :] or [self.prefix_token_id]
+            text = self.greedy_generate(ids, max_new, until)
+            self.cache_hook.add_partial("generate_until", (context, request.args[1]), text)
+            outputs.append(text)
+        return outputs

@@ -1,0 +1,360 @@
+"""Analysis metrics (seeds 000, 001, 002, 004) against hand computations on tiny models."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnlab.attention.head_importance import head_importance
+from attnlab.data.tokenizer import train_bpe_tokenizer
+from attnlab.errors import ConfigError
+from attnlab.eval.analysis import (
+    activation_outliers,
+    attention_sinks,
+    attention_spikiness,
+    format_summary,
+    gate_statistics,
+    kurtosis,
+    mean_loss,
+    pruning_curves,
+    qk_operator_norms,
+    run_analysis,
+    spikiness,
+    temperature_html,
+    token_temperatures,
+    w8a8_perplexity,
+)
+from attnlab.eval.analysis.outliers import ActivationQuantizer, quantize_weight_
+from attnlab.eval.analysis.pruning import write_pruning_csv
+from attnlab.models import GPT, ModelConfig
+from attnlab.training.module import LanguageModel
+
+VOCAB, T = 61, 24
+
+
+def tiny(attention: str = "vanilla", n_kv_head: int = 2, **options) -> GPT:
+    torch.manual_seed(0)
+    config = ModelConfig(n_layer=2, n_head=4, n_kv_head=n_kv_head, n_embd=32, block_size=32, vocab_size=VOCAB)
+    return GPT(config, {"name": attention, **options}).eval()
+
+
+def rows(n: int = 4, length: int = T, seed: int = 0) -> torch.Tensor:
+    """Arithmetic sequences mod VOCAB with a random start: a pattern a tiny model learns in a few steps."""
+    start = torch.randint(0, VOCAB, (n, 1), generator=torch.Generator().manual_seed(seed))
+    return (start + 7 * torch.arange(length)) % VOCAB
+
+
+@pytest.fixture(scope="module")
+def trained() -> GPT:
+    model = tiny().train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for step in range(30):
+        batch = rows(8, T + 1, seed=step + 100)
+        loss = F.cross_entropy(model(batch[:, :-1]).flatten(0, 1), batch[:, 1:].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval()
+
+
+def no_hooks(model: GPT) -> bool:
+    return all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
+def force_attention_to_first_key(model: GPT) -> None:
+    """Make every layer's reference path put all probability on key 0."""
+    for block in model.blocks:
+        block.attn.variant.probabilities = lambda scores: torch.zeros_like(scores).index_fill_(-1, torch.tensor(0), 1)
+
+
+def make_attention_uniform(model: GPT) -> None:
+    """q = 0, so every score is 0 and each causal row is uniform over its visible keys."""
+    dq = model.config.n_head * model.config.head_dim
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.qkv.weight[:dq] = 0
+            block.attn.qkv.bias[:dq] = 0
+
+
+# ---------------------------------------------------------------- outliers (seed 000)
+
+
+def test_kurtosis_of_gaussian_is_three_and_an_outlier_makes_it_large() -> None:
+    gaussian = torch.randn(4, 200_000, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(kurtosis(gaussian), torch.full((4,), 3.0, dtype=torch.float64), atol=0.05, rtol=0)
+    x = np.random.default_rng(0).normal(size=10_000)
+    x[17] = 1000.0
+    hand = ((x - x.mean()) ** 4).mean() / x.var() ** 2
+    assert kurtosis(torch.tensor(x)[None], eps=0.0).item() == pytest.approx(hand, rel=1e-9)
+    assert hand > 1000
+
+
+def test_activation_outliers_match_hand_computation_and_remove_hooks() -> None:
+    model, batch = tiny(), rows()
+    captured = {}
+    handle = model.blocks[1].mlp.register_forward_hook(lambda m, a, out: captured.update(mlp=out.detach()))
+    with torch.no_grad():
+        model(batch)
+    handle.remove()
+    result = activation_outliers(model, [batch[:2], batch[2:]])
+    assert no_hooks(model)
+    assert set(result["modules"]) == {f"blocks.{i}{s}" for i in range(2) for s in ("", ".attn", ".mlp")}
+    assert result["sequences"] == 4
+    x = captured["mlp"].flatten(1).double().numpy()
+    centred = x - x.mean(axis=1, keepdims=True)
+    hand_kurtosis = ((centred**4).mean(axis=1) / ((centred**2).mean(axis=1) ** 2 + 1e-6)).mean()
+    assert result["modules"]["blocks.1.mlp"]["kurtosis"] == pytest.approx(hand_kurtosis, rel=1e-6)
+    assert result["modules"]["blocks.1.mlp"]["max_inf_norm"] == pytest.approx(np.abs(x).max(axis=1).mean(), rel=1e-6)
+    kurtoses = [m["kurtosis"] for m in result["modules"].values()]
+    assert result["kurtosis_max"] == max(kurtoses)
+    assert result["kurtosis_mean"] == pytest.approx(sum(kurtoses) / 6)
+    assert result["max_inf_norm"] == max(m["max_inf_norm"] for m in result["modules"].values())
+
+
+def test_weight_and_activation_fake_quantizers_follow_their_grids() -> None:
+    weight = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
+    quantized = weight.clone()
+    quantize_weight_(quantized, bits=4)
+    step = weight.abs().max() / 7
+    torch.testing.assert_close(quantized, torch.round(weight / step).clamp(-7, 7) * step)
+    observer = ActivationQuantizer(bits=2, momentum=0.9)
+    observer(None, (torch.tensor([-2.0, 3.0]),))
+    observer(None, (torch.tensor([2.0, 13.0]),))
+    assert (observer.low.item(), observer.high.item()) == pytest.approx((-1.6, 4.0))  # 0.9 first + 0.1 second
+    observer.calibrating = False
+    (out,) = observer(None, (torch.tensor([-5.0, 0.0, 0.2, 2.0, 9.0]),))
+    scale = 5.6 / 3  # 4 levels on [-1.6, 4.0], zero point round(1.6 / scale) = 1
+    torch.testing.assert_close(out, torch.tensor([-1.0, 0.0, 0.0, 1.0, 2.0]) * scale)
+
+
+def test_w8a8_perplexity_tracks_bits_and_leaves_the_model_alone(trained: GPT) -> None:
+    evaluation = [rows(4, T + 1, seed=1), rows(4, T + 1, seed=2)]
+    before = {k: v.clone() for k, v in trained.state_dict().items()}
+    fp = math.exp(mean_loss(trained, evaluation))
+    sixteen = w8a8_perplexity(trained, evaluation[:1], evaluation, bits=16)
+    eight = w8a8_perplexity(trained, evaluation[:1], evaluation, bits=8)
+    two = w8a8_perplexity(trained, evaluation[:1], evaluation, bits=2)
+    assert sixteen["fp_perplexity"] == pytest.approx(fp, rel=1e-12)
+    assert sixteen["quantized_perplexity"] == pytest.approx(fp, rel=1e-4)
+    assert eight["quantized_perplexity"] != fp and math.isfinite(eight["quantized_perplexity"])
+    assert two["quantized_perplexity"] > 1.5 * fp
+    assert eight["quantized_linears"] == 2 * 4  # qkv, proj, fc, proj per layer; not the LM head
+    assert all(torch.equal(v, before[k]) for k, v in trained.state_dict().items())
+    assert no_hooks(trained)
+
+
+# ---------------------------------------------------------------- sinks and gates (seed 002)
+
+
+def test_first_token_share_of_forced_and_uniform_attention() -> None:
+    forced, batch = tiny(), rows(2)
+    force_attention_to_first_key(forced)
+    assert attention_sinks(forced, batch, skip=4)["first_token_share"] == pytest.approx([1.0, 1.0])
+    uniform = tiny()
+    make_attention_uniform(uniform)
+    result = attention_sinks(uniform, [batch[:1], batch[1:]], skip=4)
+    hand = sum(1 / (t + 1) for t in range(4, T)) / (T - 4)
+    assert result["first_token_share"] == pytest.approx([hand, hand], rel=1e-6)
+    assert all(not b.attn.record_probabilities and b.attn.probabilities is None for b in uniform.blocks)
+    assert no_hooks(uniform)
+    with torch.no_grad():
+        handle = uniform.blocks[1].register_forward_hook(lambda m, a, out: setattr(m, "seen", out.abs().max()))
+        uniform(batch)
+        handle.remove()
+    assert result["max_activation"][1] == pytest.approx(uniform.blocks[1].seen.item(), rel=1e-6)
+
+
+@pytest.mark.parametrize(("attention", "value"), [("gated_sdpa", 0.2), ("gated_sdpa_headwise", 0.7), ("gated", 0.3)])
+def test_gate_statistics_of_constant_gates(attention: str, value: float) -> None:
+    model = tiny(attention)
+    with torch.no_grad():
+        for block in model.blocks:
+            variant = block.attn.variant
+            weight, bias = (
+                (variant.proj.weight, variant.proj.bias) if hasattr(variant, "proj") else (variant.weight, variant.bias)
+            )
+            weight.zero_()
+            bias.fill_(math.log(value / (1 - value)))
+    result = gate_statistics(model, rows(), bins=10)
+    assert result["mean"] == pytest.approx(value, rel=1e-5)
+    for layer in result["layers"]:
+        assert layer["histogram"][int(value * 10)] == sum(layer["histogram"]) > 0
+    assert no_hooks(model)
+    assert gate_statistics(tiny(), rows()) is None
+
+
+def test_gate_mean_matches_the_gate_computed_by_hand() -> None:
+    model, batch = tiny("gated_sdpa"), rows()
+    inputs = {}
+    handle = model.blocks[0].attn.register_forward_pre_hook(lambda m, args: inputs.update(x=args[0]))
+    with torch.no_grad():
+        model(batch)
+        handle.remove()
+        proj = model.blocks[0].attn.variant.proj
+        hand = torch.sigmoid(inputs["x"] @ proj.weight.T + proj.bias).mean().item()
+    assert gate_statistics(model, batch)["layers"][0]["mean"] == pytest.approx(hand, rel=1e-5)
+
+
+# ---------------------------------------------------------------- selective attention (seed 004)
+
+
+def test_spikiness_of_hand_rows() -> None:
+    maps = torch.tensor([[1.0, 0, 0], [0.5, 0.5, 0], [0.2, 0.3, 0.5]])
+    hand = torch.tensor([1.0, 1 / (0.5 * 2), 1 / ((0.04 + 0.09 + 0.25) * 3)], dtype=torch.float64)
+    torch.testing.assert_close(spikiness(maps), hand)
+    one_hot = torch.eye(5)
+    torch.testing.assert_close(spikiness(one_hot), 1 / torch.arange(1, 6, dtype=torch.float64))
+
+
+def test_model_spikiness_uniform_forced_and_token_budget() -> None:
+    uniform = tiny()
+    make_attention_uniform(uniform)
+    result = attention_spikiness(uniform, [rows(2), rows(2, seed=1)], max_tokens=60)
+    assert result["tokens"] == 60  # two whole rows of 24, then 12 tokens of the third
+    assert result["layers"] == pytest.approx([1.0, 1.0], rel=1e-6)  # fp32 maps
+    forced = tiny()
+    force_attention_to_first_key(forced)
+    hand = sum(1 / (t + 1) for t in range(T)) / T
+    assert attention_spikiness(forced, rows(3))["mean"] == pytest.approx(hand, rel=1e-9)
+    assert all(not b.attn.record_probabilities for b in forced.blocks)
+    assert no_hooks(forced)
+
+
+def test_operator_norm_pairs_each_query_head_with_its_kv_head() -> None:
+    model = tiny(n_kv_head=2)
+    result = qk_operator_norms(model)
+    dh = model.config.head_dim
+    for layer, block in enumerate(model.blocks):
+        weight = block.attn.qkv.weight.detach().double()
+        for h in range(4):
+            w_q = weight[h * dh : (h + 1) * dh]
+            w_k = weight[4 * dh + (h // 2) * dh : 4 * dh + (h // 2 + 1) * dh]
+            hand = torch.linalg.matrix_norm(w_q.T @ w_k, ord=2).item()
+            assert result["heads"][layer][h] == pytest.approx(hand, rel=1e-9)
+    assert result["layers"][1] == pytest.approx(sum(result["heads"][1]) / 4)
+
+
+def test_token_temperatures_match_the_ssa_formula() -> None:
+    model, batch = tiny("ssa"), rows(2)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.blocks[1].attn.variant.parameters():
+            p.normal_(0, 0.5)
+    inputs = {}
+    handle = model.blocks[1].attn.register_forward_pre_hook(lambda m, args: inputs.update(x=args[0]))
+    taus = token_temperatures(model, batch)
+    handle.remove()
+    tq = model.blocks[1].attn.variant.temperatures["q"]
+    with torch.no_grad():
+        token = torch.tanh(tq.out(F.gelu(tq.hidden(inputs["x"]))))  # (B, T, H)
+        position = torch.sigmoid(tq.alpha) * torch.log(torch.arange(1, T + 1.0))[:, None]  # (T, H)
+        hand = (1 + token + position).mean(-1)
+    assert taus.shape == (2, 2, T)
+    torch.testing.assert_close(taus[1], hand)
+    yarn = token_temperatures(tiny("temp_yarn"), batch)
+    torch.testing.assert_close(yarn, (1 + 0.1 * torch.log(torch.arange(1, T + 1.0))).expand(2, 2, T))
+    assert token_temperatures(tiny(), batch).isnan().all()
+
+
+def test_temperature_html_escapes_text_and_is_darker_for_lower_values() -> None:
+    page = temperature_html(["low", "<mid>", "high"], [1.0, 2.0, 3.0], "tau")
+    assert "&lt;mid&gt;" in page and "<mid>" not in page
+
+    def luminance(piece: str) -> float:
+        colour = page.split(f">{piece}</span>")[0].rsplit("background:#", 1)[1][:6]
+        r, g, b = (int(colour[i : i + 2], 16) for i in (0, 2, 4))
+        return 0.299 * r + 0.587 * g + 0.114 * b
+
+    assert luminance("low") < luminance("&lt;mid&gt;") < luminance("high")
+
+
+# ---------------------------------------------------------------- head pruning (seed 001)
+
+
+def test_pruning_curves_follow_importance_and_restore_the_mask(tmp_path: Path) -> None:
+    model, evaluation = tiny(), [rows(4, T + 1, seed=1)]
+    original = torch.tensor([[1.0, 0, 1, 1], [1, 1, 1, 1]])
+    model.set_head_mask(original)
+    fractions = [0.0, 0.25, 0.5]
+    curves = pruning_curves(model, evaluation, fractions, seed=3)
+    assert torch.equal(model.head_mask(), original)
+    assert no_hooks(model)
+    model.set_head_mask(torch.ones(2, 4))
+    assert curves["rows"][0]["loss"] == pytest.approx(mean_loss(model, evaluation), rel=1e-9)
+    importance = head_importance(model, evaluation)
+    torch.testing.assert_close(torch.tensor(curves["importance"]), importance)
+    least = importance.flatten().argsort()[:4]
+    kept = torch.ones(8)
+    kept[least] = 0
+    half = next(r for r in curves["rows"] if r["order"] == "importance" and r["fraction"] == 0.5)
+    assert half["heads_kept_per_layer"] == kept.view(2, 4).sum(1).int().tolist()
+    model.set_head_mask(kept.view(2, 4))
+    assert half["loss"] == pytest.approx(mean_loss(model, evaluation), rel=1e-9)
+    assert [(r["order"], r["fraction"], r["heads_pruned"]) for r in curves["rows"]] == [
+        (order, f, round(8 * f)) for order in ("importance", "random") for f in fractions
+    ]
+    write_pruning_csv(curves, tmp_path / "pruning.csv")
+    with (tmp_path / "pruning.csv").open() as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == 6 and float(table[4]["perplexity"]) == pytest.approx(curves["rows"][4]["perplexity"])
+    assert table[2]["heads_kept_per_layer"] == " ".join(map(str, half["heads_kept_per_layer"]))
+
+
+def test_random_order_is_seeded() -> None:
+    model, evaluation = tiny(), [rows(2, T + 1)]
+    first = pruning_curves(model, evaluation, [0.0, 0.5], seed=0)["rows"]
+    again = pruning_curves(model, evaluation, [0.0, 0.5], seed=0)["rows"]
+    other = [pruning_curves(model, evaluation, [0.0, 0.5], seed=s)["rows"][3] for s in (1, 2, 3)]
+    assert first == again
+    assert any(row["heads_kept_per_layer"] != first[3]["heads_kept_per_layer"] for row in other)
+
+
+# ---------------------------------------------------------------- run_analysis
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    text = "the cat sat on the mat. " * 40 + "attention sinks and gates, selective temperatures. " * 20
+    return train_bpe_tokenizer([text], 300), text
+
+
+@pytest.mark.parametrize("attention", ["vanilla", "ssa", "gated_sdpa"])
+def test_run_analysis_writes_every_applicable_file(attention: str, tokenizer, tmp_path: Path) -> None:
+    tok, text = tokenizer
+    config = ModelConfig(n_layer=2, n_head=2, n_embd=16, block_size=32, vocab_size=tok.get_vocab_size())
+    torch.manual_seed(0)
+    module = LanguageModel(config.to_dict(), {"name": attention}, {}, pretrained=GPT(config, {"name": attention}))
+    cfg = {"texts": [text, text[:200]], "max_tokens": 50, "eval_max_tokens": 160, "batch_size": 8, "prune_step": 0.5}
+    cfg["calibration_tokens"] = torch.arange(100) % 50  # a stream longer than the context: cut into rows
+    result = run_analysis(module, tok, tmp_path, cfg)
+    files = {p.name for p in tmp_path.iterdir()}
+    expected = {"analysis.json", "pruning.csv", "pruning.png"} | (
+        {"temperatures.html", "temperatures.png"} if attention == "ssa" else set()
+    )
+    assert files == expected == set(result["files"])
+    saved = json.loads((tmp_path / "analysis.json").read_text())
+    assert saved["summary"] == pytest.approx(result["summary"])
+    assert saved["summary"]["eval_tokens"] == 160 and saved["summary"]["map_tokens"] == 50
+    assert ("gates" in saved) == (attention == "gated_sdpa")
+    assert ("temperature_mean" in saved["summary"]) == (attention == "ssa")
+    assert [r["fraction"] for r in saved["pruning"]["rows"]] == [0.0, 0.5] * 2
+    assert math.isfinite(saved["summary"]["w8a8_perplexity"])
+    assert all(not b.attn.record_probabilities and b.attn.probabilities is None for b in module.model.blocks)
+    assert no_hooks(module.model)
+    printed = format_summary(result)
+    assert "perplexity" in printed and "heads kept per layer" in printed
+    assert ("gate value" in printed) == (attention == "gated_sdpa")
+
+
+def test_run_analysis_rejects_unknown_options_and_missing_text(tokenizer, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"analysis\.max_token"):
+        run_analysis(tiny(), tokenizer[0], tmp_path, {"texts": "a b", "max_token": 10})
+    with pytest.raises(ConfigError, match="eval_tokens"):
+        run_analysis(tiny(), tokenizer[0], tmp_path, {})
