@@ -7,7 +7,7 @@ ARGS ?=
 SCALE ?= cpu
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-slow lint format bench clean
+.PHONY: help install train test test-slow lint format bench reproduce-table1 reproduce-table2 clean
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -38,6 +38,12 @@ format: $(STAMP)  ## ruff format and fix imports
 
 bench: $(STAMP)  ## time a training step of every attention variant vs vanilla -> experiments/results/bench/
 	$(PY) -m attnlab.bench --out experiments/results/bench/$$($(PY) -c "import torch; print('gpu' if torch.cuda.is_available() else 'cpu')")-$$(date +%Y%m%d-%H%M%S).md $(ARGS)
+
+reproduce-table1: $(STAMP)  ## SSA Table 1 / Figure 3 (synthetic graph, 5 seeds, ~4 min on 2 cores) -> experiments/results/table1/
+	$(PY) experiments/reproduce_synthetic.py experiment=table1/default $(ARGS)
+
+reproduce-table2: $(STAMP)  ## SSA Table 2 (synthetic denoising + L/sigma sweep, ~5 min on 2 cores) -> experiments/results/table2/
+	$(PY) experiments/reproduce_synthetic.py experiment=table2/default $(ARGS)
 
 clean:  ## remove outputs and caches (keeps .venv)
 	rm -rf outputs multirun .cache .pytest_cache .ruff_cache

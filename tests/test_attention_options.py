@@ -104,6 +104,8 @@ def expected_overhead(attention: dict, c: dict) -> int:
         gates = 1 if o.share_across_heads else (kv if o.position in ("key", "value") else h)
         width = dh if o.granularity == "elementwise" else 1
         return n_layer * (d + 1) * gates * width
+    if o.name == "temp_lookup":
+        return n_layer * h * o.num_groups
     if not hasattr(o, "components"):
         return 0
     total = 0

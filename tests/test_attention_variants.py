@@ -101,6 +101,8 @@ def test_neutral_setting_is_vanilla(attention: dict, pos: str, kv: int | None) -
         pytest.skip("temp_yarn is a fixed rule without a neutral setting: see test_position_rules_formula")
     if attention["name"] == "clipped_softmax":
         attention = {**attention, "zeta": 1.0, "gamma": 0.0, "alpha": None}
+    if attention["name"] == "value_select":
+        attention = {**attention, "threshold": float("-inf")}  # keeps every value
     vanilla = build({"name": "vanilla"}, tiny_config(pos, kv))
     model = variant_copy(vanilla, attention)
     neutralise(model)
@@ -111,6 +113,8 @@ def test_neutral_setting_is_vanilla(attention: dict, pos: str, kv: int | None) -
 @pytest.mark.parametrize("attention", CONFIGS, ids=IDS)
 def test_not_vanilla_off_the_neutral_setting(attention: dict) -> None:
     """The identity above is not vacuous: perturbed variants (other than vanilla) change the logits."""
+    if attention["name"] == "value_select":
+        attention = {**attention, "threshold": 1.5}  # no parameters: off vanilla where the rule drops a value
     vanilla = build({"name": "vanilla"}, tiny_config())
     model = variant_copy(vanilla, attention)
     with torch.no_grad():

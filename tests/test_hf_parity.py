@@ -118,13 +118,19 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Pat
 def exact_at_finetune_init(name: str) -> bool:
     """Whether the spec makes the variant's fine-tune init the pretrained layer exactly.
 
-    Not so: clipped softmax with gamma < 0, and the SSA position / YaRN terms (alpha_ft = -7.4 still adds
-    6.2e-4 * log n to the temperature). Those are compared at their neutral setting instead.
+    Not so: clipped softmax with gamma < 0, value selection's hard rule, and the SSA position / YaRN terms
+    (alpha_ft = -7.4 still adds 6.2e-4 * log n to the temperature). Those are compared at their neutral setting instead.
     """
     options = asdict(resolve_options({"name": name})[1])
     if name == "clipped_softmax":
         return options["zeta"] == 1 and options["gamma"] == 0
+    if name == "value_select":
+        return options["threshold"] == float("-inf")
     return not {"position", "yarn"} & set(options.get("terms", []))
+
+
+# Options that make a fixed-rule variant vanilla (the rule switched off)
+NEUTRAL_OPTIONS = {"clipped_softmax": {"alpha": None, "gamma": 0.0}, "value_select": {"threshold": float("-inf")}}
 
 
 def neutral_at_finetune(model) -> None:
@@ -143,8 +149,8 @@ def test_logits_match_hf(checkpoints, case: str, attention: str) -> None:
     directory, idx, expected = checkpoints[case]
     config: dict = {"name": attention}
     exact = exact_at_finetune_init(attention)
-    if attention == "clipped_softmax":
-        config.update(alpha=None, gamma=0.0)
+    if attention in NEUTRAL_OPTIONS:
+        config.update(NEUTRAL_OPTIONS[attention])
     elif not exact and "position" not in resolve_options(config)[1].terms:
         pytest.skip(f"{attention} is a fixed rule with no neutral setting")
     model = from_hf(str(directory), attention=config)
@@ -162,7 +168,7 @@ def test_logits_match_hf(checkpoints, case: str, attention: str) -> None:
 def test_exactness_classification() -> None:
     exact = {name for name in available_attention() if exact_at_finetune_init(name)}
     assert {"vanilla", "gated", "gated_sdpa", "gated_sdpa_headwise", "gated_value", "ssa_tok_only"} <= exact
-    assert not {"ssa", "ssa_shared", "temp_yarn", "clipped_softmax", "ssa_pos_only"} & exact
+    assert not {"ssa", "ssa_shared", "temp_yarn", "clipped_softmax", "ssa_pos_only", "value_select"} & exact
 
 
 @pytest.mark.parametrize("case", list(CASES))

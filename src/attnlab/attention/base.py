@@ -41,6 +41,7 @@ class AttentionContext:
     rope: tuple[Tensor, Tensor] | None = None  # cos, sin for the query positions, (T, rotary_dim)
     alibi_slopes: Tensor | None = None  # (H,) ALiBi slopes; adds -slope * distance to the scores
     token_features: Tensor | None = None  # (B, T) per-token features (standardised log frequency)
+    token_ids: Tensor | None = None  # (B, T) token ids, for variants keyed by token (temp_lookup)
 
     def mask(self, t_q: int, t_k: int, dtype: torch.dtype) -> tuple[Tensor | None, bool]:
         """SDPA's ``(attn_mask, is_causal)``: the fused causal flag where it is exact, else an explicit mask."""

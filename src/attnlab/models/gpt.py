@@ -183,6 +183,7 @@ class GPT(nn.Module):
             rope=rope,
             alibi_slopes=getattr(self, "alibi", None),
             token_features=features,
+            token_ids=idx,
         )
 
     def forward(self, idx: Tensor, start_pos: int = 0, cache: list[KVCache] | None = None) -> Tensor:

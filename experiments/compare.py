@@ -1,0 +1,92 @@
+"""Turn the runs of a sweep into one comparison table (Markdown and CSV), grouped over seeds.
+
+    python experiments/compare.py outputs/<experiment>/multirun_<id> [--out experiments/results/<name>]
+
+Reads each run's ``results.json`` (written by train.py) and its ``.hydra/overrides.yaml``; rows are the distinct
+settings (attention, model, the swept overrides other than the seed), with the mean and spread over seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+METRICS = ("val_loss", "val_ppl", "unigram_ppl", "tokens_per_second", "parameters")
+
+
+def collect(sweep_dir: Path) -> pd.DataFrame:
+    """One row per finished run under ``sweep_dir``."""
+    rows = []
+    for results_file in sorted(sweep_dir.rglob("results.json")):
+        results = json.loads(results_file.read_text())
+        overrides_file = results_file.parent / ".hydra" / "overrides.yaml"
+        overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file.exists() else []
+        setting = " ".join(o for o in overrides if not o.startswith(("seed=", "attention=", "model=")))
+        rows.append(
+            {
+                "attention": results["attention"],
+                "model": results["model"],
+                "setting": setting,
+                "seed": next((o.split("=", 1)[1] for o in overrides if o.startswith("seed=")), ""),
+                **{m: results.get(m) for m in METRICS},
+            }
+        )
+    if not rows:
+        raise SystemExit(f"error: no results.json under {sweep_dir}")
+    return pd.DataFrame(rows)
+
+
+def summarise(runs: pd.DataFrame) -> pd.DataFrame:
+    """Mean and standard deviation over seeds of each setting; vanilla first, then by validation loss."""
+    grouped = runs.groupby(["attention", "model", "setting"], dropna=False)
+    table = grouped.agg(
+        seeds=("seed", "count"),
+        val_loss=("val_loss", "mean"),
+        val_loss_std=("val_loss", "std"),
+        val_ppl=("val_ppl", "mean"),
+        val_ppl_std=("val_ppl", "std"),
+        tokens_per_second=("tokens_per_second", "mean"),
+        parameters=("parameters", "first"),
+    ).reset_index()
+    table["is_vanilla"] = table["attention"] != "vanilla"
+    return table.sort_values(["is_vanilla", "val_loss"]).drop(columns="is_vanilla").reset_index(drop=True)
+
+
+def to_markdown(table: pd.DataFrame) -> str:
+    lines = [
+        "| attention | model | setting | seeds | val loss | val ppl | tokens/s | params |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in table.itertuples():
+        spread = "" if pd.isna(r.val_loss_std) else f" ± {r.val_loss_std:.3f}"
+        ppl_spread = "" if pd.isna(r.val_ppl_std) else f" ± {r.val_ppl_std:.1f}"
+        lines.append(
+            f"| {r.attention} | {r.model} | {r.setting} | {r.seeds} | {r.val_loss:.3f}{spread} "
+            f"| {r.val_ppl:.1f}{ppl_spread} | {r.tokens_per_second:,.0f} | {r.parameters:,} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("sweep_dir", type=Path)
+    parser.add_argument("--out", type=Path, default=None, help="directory for table.md and table.csv")
+    args = parser.parse_args()
+    table = summarise(collect(args.sweep_dir))
+    markdown = to_markdown(table)
+    print(markdown)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        for name in ("table.md", "table.csv"):
+            if (args.out / name).exists():
+                raise SystemExit(f"error: {args.out / name} exists; results are never overwritten")
+        (args.out / "table.md").write_text(markdown)
+        table.to_csv(args.out / "table.csv", index=False)
+
+
+if __name__ == "__main__":
+    main()
