@@ -112,3 +112,23 @@ def test_run_ids_differ_between_processes_started_together() -> None:
     code = "import attnlab.resolvers as r; print(r.RUN_ID)"
     ids = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout for _ in range(3)}
     assert len(ids) == 3
+
+
+def test_multirun_sweep_gives_one_directory_per_job_and_a_comparison_table(tmp_path: Path, data_cache: Path) -> None:
+    """``train.py -m`` from any directory: each job in its own subdirectory, collected by experiments/compare.py."""
+    overrides = [*QUIET, "debug=fdr", f"paths.cache_dir={data_cache}", "experiment_name=sweep"]
+    command = [sys.executable, str(ROOT / "train.py"), "-m", "attention=vanilla,gated_sdpa", *overrides]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (sweep,) = (tmp_path / "outputs" / "sweep").glob("multirun_*")
+    jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
+    assert [j.split("_", 1)[0] for j in jobs] == ["0", "1"] and "attention=gated_sdpa" in jobs[1]
+    table = subprocess.run(
+        [sys.executable, str(ROOT / "experiments" / "compare.py"), str(sweep), "--out", str(tmp_path / "table")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert table.returncode == 0, table.stderr
+    rows = (tmp_path / "table" / "table.md").read_text().splitlines()[2:]
+    assert [row.split("|")[1].strip() for row in rows] == ["vanilla", "gated_sdpa"]

@@ -100,9 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.out.exists():
         parser.error(f"--out {args.out} exists; choose a new file (results are never overwritten)")
-    names = args.attention or available_attention()
-    if "vanilla" not in names:
-        names = ["vanilla", *names]
+    names = ["vanilla", *(n for n in args.attention or available_attention() if n != "vanilla")]
     config = ModelConfig(
         name="bench",
         n_layer=args.n_layer,

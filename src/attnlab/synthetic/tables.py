@@ -67,39 +67,16 @@ def run_table1(cfg: DictConfig, paper: dict[str, Any]) -> pd.DataFrame:
             cfg.model.bias,
         )
     rows = []
+    quantities = [  # (row label, RunResult field, paper column it compares with)
+        ("cross-entropy (raw, nats)", "cross_entropy", "cross_entropy"),
+        ("cross-entropy - H(P*) = KL(P* || g)", "kl", "cross_entropy"),
+        ("err_map = sum |P^ - P*|, P^ = attention map", "err_map", "err_map"),
+        ("sum |G - P*|, G = predicted transition g(X)", "err_transition", "err_map"),
+    ]
     for label, model_runs in runs.items():
-        rows.append(
-            row(
-                "cross-entropy (raw, nats)",
-                label,
-                [r.cross_entropy for r in model_runs],
-                paper["cross_entropy"].get(label),
-            )
-        )
-        rows.append(
-            row(
-                "cross-entropy - H(P*) = KL(P* || g)",
-                label,
-                [r.kl for r in model_runs],
-                paper["cross_entropy"].get(label),
-            )
-        )
-        rows.append(
-            row(
-                "err_map = sum |P^ - P*|, P^ = attention map",
-                label,
-                [r.err_map for r in model_runs],
-                paper["err_map"].get(label),
-            )
-        )
-        rows.append(
-            row(
-                "sum |G - P*|, G = predicted transition g(X)",
-                label,
-                [r.err_transition for r in model_runs],
-                paper["err_map"].get(label),
-            )
-        )
+        for quantity, field, paper_key in quantities:
+            values = [getattr(r, field) for r in model_runs]
+            rows.append(row(quantity, label, values, paper[paper_key].get(label)))
     options = option_counts(transition).tolist()
     group_options = {g: options[t] for t, g in enumerate(cfg.models.ssa.token_groups)} if "ssa" in runs else {}
     largest = max(group_options.values(), default=0)
