@@ -19,13 +19,17 @@ METRICS = ("val_loss", "val_ppl", "unigram_ppl", "tokens_per_second", "parameter
 
 
 def collect(sweep_dir: Path) -> pd.DataFrame:
-    """One row per finished run under ``sweep_dir``."""
-    rows = []
+    """One row per finished run under ``sweep_dir``; ``setting`` holds the overrides that differ between runs."""
+    found = []
     for results_file in sorted(sweep_dir.rglob("results.json")):
-        results = json.loads(results_file.read_text())
         overrides_file = results_file.parent / ".hydra" / "overrides.yaml"
         overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file.exists() else []
-        setting = " ".join(o for o in overrides if not o.startswith(("seed=", "attention=", "model=")))
+        found.append((json.loads(results_file.read_text()), overrides))
+    shared = set.intersection(*(set(o) for _, o in found)) if found else set()
+    rows = []
+    for results, overrides in found:
+        varying = [o for o in overrides if o not in shared and not o.startswith(("seed=", "attention=", "model="))]
+        setting = " ".join(varying)
         rows.append(
             {
                 "attention": results["attention"],
