@@ -18,8 +18,10 @@ from tests.conftest import MICRO_DATA, MICRO_MODEL, ROOT
 QUIET = ["logger=csv", "trainer=cpu", "callbacks.progress_bar.refresh_rate=0", *MICRO_MODEL, *MICRO_DATA]
 
 
-def test_fast_dev_run(make_config) -> None:
-    results = run(make_config(["debug=fdr", *QUIET]))
+@pytest.mark.parametrize("model", ["tiny", "tiny-neox", "tiny-llama"])
+def test_fast_dev_run(make_config, model: str) -> None:
+    results = run(make_config(["debug=fdr", f"model={model}", *QUIET]))
+    assert results["model"] == model
     assert results["steps"] == 1
     assert results["val_loss"] is not None and results["unigram_ppl"] > 1
 
