@@ -17,6 +17,7 @@ from pathlib import Path
 import mwparserfromhell
 
 DUMP_GLOB = "enwiki-*-shortened.bz2"
+CORPUS_VERSION = 2  # bump when the cleaning changes, so cached copies of the corpus are rebuilt
 _DROP_LINK_PREFIXES = ("file:", "image:", "category:", "media:")
 _DROP_TAGS = {"table", "gallery", "ref", "math", "timeline", "imagemap", "score", "chem"}
 _MIN_LINE_WORDS = 4

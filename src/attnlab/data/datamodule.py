@@ -22,7 +22,7 @@ from filelock import FileLock
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
-from attnlab.data.corpus import wiki_sample_documents
+from attnlab.data.corpus import CORPUS_VERSION, wiki_sample_documents
 from attnlab.data.tokenizer import eos_token_id, load_pretrained_tokenizer, train_bpe_tokenizer
 from attnlab.errors import ConfigError, require_choice
 from attnlab.hub import use_cache_only_if_offline
@@ -165,7 +165,7 @@ class TextDataModule(L.LightningDataModule):
         return split["train"], split["test"]
 
     def _wiki_sample_file(self) -> Path:
-        target = self.cache_dir / "corpus" / "wiki_sample.jsonl"
+        target = self.cache_dir / "corpus" / f"wiki_sample-v{CORPUS_VERSION}.jsonl"
         if not target.exists():
             log.info("Preparing the embedded Wikipedia corpus (once) -> %s", target)
             target.parent.mkdir(parents=True, exist_ok=True)
