@@ -77,3 +77,36 @@ def test_build_model_returns_logits_for_a_composed_config(make_config, model: st
     gpt = attnlab.build_model(cfg)
     assert gpt.config.family == cfg.model.family
     assert gpt(torch.zeros(2, 5, dtype=torch.long)).shape == (2, 5, cfg.model.vocab_size)
+
+
+def test_token_frequencies_fit_a_model_vocabulary_larger_than_the_tokenizer() -> None:
+    """Pythia pads 50,277 tokenizer ids to 50,304 embeddings: frequency features must still be set."""
+    import torch
+
+    from attnlab.models import GPT, ModelConfig
+
+    model = GPT(ModelConfig(vocab_size=64, n_embd=32, n_head=2, n_layer=1, block_size=16), {"name": "ssa_feature"})
+    counts = torch.arange(60)
+    model.set_token_frequencies(counts)
+    phi = model.token_log_frequency
+    assert phi[60:].eq(phi[0]).all()  # padded ids count as never seen, like id 0
+    assert phi[59] > phi[1] > phi[0]
+
+
+def test_rotary_frequencies_stay_fp32_when_the_model_is_cast() -> None:
+    import torch
+
+    from attnlab.models import GPT, ModelConfig
+
+    model = GPT(ModelConfig(family="llama", pos_encoding="rotary", vocab_size=64, n_embd=256, n_head=2, n_layer=1))
+    exact = model.rope_inv_freq.clone()
+    model.to(torch.bfloat16)
+    assert model.rope_inv_freq.dtype == torch.float32 and model.rope_inv_freq.equal(exact)
+
+
+def test_clipped_softmax_gamma_uses_the_training_context(make_config) -> None:
+    from attnlab import build_model
+
+    cfg = make_config(["attention=clipped_softmax", "model.block_size=256", "data.block_size=128"])
+    variant = build_model(cfg).blocks[0].attn.variant
+    assert variant.gamma == pytest.approx(-12.0 / 128)

@@ -83,6 +83,14 @@ def test_changing_block_size_builds_a_new_cache(text_file: Path, tmp_path: Path)
     assert not other.reused_cache and other.train_dataset[0]["input_ids"].shape == (9,)
 
 
+def test_changing_the_document_separator_builds_a_new_cache(text_file: Path, tmp_path: Path) -> None:
+    files_module(text_file, tmp_path / "cache").prepare_data()
+    other = files_module(text_file, tmp_path / "cache", document_separator="none")
+    other.prepare_data()
+    assert not other.reused_cache
+    assert not (other.train_dataset[:]["input_ids"] == eos_token_id(other.tokenizer)).any()
+
+
 def test_unigram_baseline_matches_direct_computation(text_file: Path, tmp_path: Path) -> None:
     dm = files_module(text_file, tmp_path / "cache")
     dm.prepare_data()

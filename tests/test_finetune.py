@@ -36,7 +36,7 @@ def test_finetune_experiment_runs_with_the_papers_settings(make_config, gpt2_che
         "experiment=finetune/gpt2",
         f"attention={attention}",
         f"model.init_from=hf:{gpt2_checkpoint}",
-        f"model.tokenizer={gpt2_checkpoint}",
+        "model.dropout=0.1",
         "data=wiki_sample",
         "data.block_size=32",
         "data.batch_size=4",
@@ -54,6 +54,8 @@ def test_finetune_experiment_runs_with_the_papers_settings(make_config, gpt2_che
     assert module.hparams.attention["name"] == attention
     assert module.model.config.n_layer == 2 and module.model.config.vocab_size == VOCAB
     assert module.model.config.extra["init_from"] == f"hf:{gpt2_checkpoint}"
+    # the checkpoint's own tokenizer (not the preset's "gpt2"), and our dropout
+    assert module.model.config.tokenizer == str(gpt2_checkpoint) and module.model.config.dropout == 0.1
     module.trainer = SimpleNamespace(estimated_stepping_batches=8)
     opt = module.configure_optimizers()["optimizer"]
     by_name = {g["name"]: g for g in opt.param_groups}

@@ -64,6 +64,7 @@ def test_resume_from_last_checkpoint_continues_in_a_new_directory(make_config, t
     # the model comes from the checkpoint even if the command line says otherwise
     results = run(make_config([*common, "trainer.max_steps=10", f"ckpt_path={last}", "model.n_layer=3"], second_dir))
     assert results["steps"] == 10
+    assert results["run_tokens"] == 4 * 4 * 32 and results["train_tokens"] == 10 * 4 * 32
     assert (second_dir / "checkpoints" / "last.ckpt").is_file()
     assert hashlib.sha256(last.read_bytes()).hexdigest() == before
 

@@ -64,6 +64,7 @@ class TextDataModule(L.LightningDataModule):
         num_workers: int = 0,
         shuffle_buffer: int = 10000,
         seed: int = 1337,
+        shuffle_seed: int | None = None,
         cache_dir: str = ".cache/attnlab",
     ) -> None:
         super().__init__()
@@ -82,6 +83,8 @@ class TextDataModule(L.LightningDataModule):
         self.tokenizer_train_documents = tokenizer_train_documents
         self.block_size, self.batch_size, self.num_workers = block_size, batch_size, num_workers
         self.shuffle_buffer, self.seed = shuffle_buffer, seed
+        # the split and tokenizer follow ``seed``; the batch order follows ``shuffle_seed`` (the run's seed)
+        self.shuffle_seed = seed if shuffle_seed is None else shuffle_seed
         self.cache_dir = Path(cache_dir)
         self.tokenizer: Tokenizer | None = None
         self.train_dataset: Dataset | IterableDataset | None = None
@@ -123,7 +126,7 @@ class TextDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         if self.streaming:
             return DataLoader(self.train_dataset, batch_size=self.batch_size, num_workers=self.num_workers)
-        generator = torch.Generator().manual_seed(self.seed)
+        generator = torch.Generator().manual_seed(self.shuffle_seed)
         return DataLoader(
             self.train_dataset,
             batch_size=self.batch_size,
@@ -264,6 +267,7 @@ class TextDataModule(L.LightningDataModule):
                 "val": self._identity(val_docs),
                 "tokenizer": self._tokenizer_identity(),
                 "block_size": self.block_size,
+                "separator": self.document_separator,
             }
         )
         target = self.cache_dir / "packed" / key
@@ -295,7 +299,7 @@ class TextDataModule(L.LightningDataModule):
         self.token_counts = np.load(target / "token_counts.npy")
 
     def _prepare_streaming(self, train_docs: IterableDataset, val_docs: IterableDataset) -> None:
-        shuffled = train_docs.shuffle(seed=self.seed, buffer_size=self.shuffle_buffer)
+        shuffled = train_docs.shuffle(seed=self.shuffle_seed, buffer_size=self.shuffle_buffer)
         self.train_dataset = self._tokenize_and_pack(shuffled).with_format("torch")
         self.val_dataset = self._tokenize_and_pack(val_docs).with_format("torch")
         sample = Dataset.from_list(list(self._sample(train_docs)))

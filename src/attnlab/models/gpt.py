@@ -120,8 +120,8 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.wte.weight
-        if config.pos_encoding == "rotary":
-            self.register_buffer("rope_inv_freq", rope_inverse_frequencies(config), persistent=False)
+        # kept out of the buffers so that model.to(bfloat16) cannot round the rotary frequencies
+        self.rope_inv_freq = rope_inverse_frequencies(config) if config.pos_encoding == "rotary" else None
         if config.pos_encoding == "alibi":
             self.register_buffer("alibi", alibi_slopes(config.n_head), persistent=False)
         if any(block.attn.variant.needs_token_features for block in self.blocks):
@@ -164,7 +164,9 @@ class GPT(nn.Module):
         """Store phi = standardised log(count + 1) over the vocabulary, for frequency-aware variants."""
         if not hasattr(self, "token_log_frequency"):
             return
-        log_freq = torch.log(counts.double() + 1.0)
+        padded = torch.zeros(self.config.vocab_size, dtype=torch.float64)  # ids past the tokenizer's: count 0
+        padded[: counts.numel()] = counts.double()
+        log_freq = torch.log(padded + 1.0)
         phi = (log_freq - log_freq.mean()) / log_freq.std().clamp_min(1e-12)
         self.token_log_frequency.copy_(phi.to(self.token_log_frequency.dtype))
 
@@ -173,6 +175,8 @@ class GPT(nn.Module):
         positions = torch.arange(start_pos, start_pos + idx.shape[1], device=idx.device)
         rope = None
         if self.config.pos_encoding == "rotary":
+            if self.rope_inv_freq.device != idx.device:
+                self.rope_inv_freq = self.rope_inv_freq.to(idx.device)
             angles = positions.float()[:, None] * self.rope_inv_freq[None, :]
             angles = torch.cat([angles, angles], dim=-1)
             rope = (angles.cos(), angles.sin())

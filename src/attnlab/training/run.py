@@ -47,15 +47,24 @@ def model_and_attention(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]
     if model.get("init_from"):
         from attnlab.models.hf import from_hf, parse_init_from
 
-        pretrained = from_hf(parse_init_from(model["init_from"]), attention=attention)
-        if model.get("head_mask") is not None:
-            pretrained.set_head_mask(torch.tensor(model["head_mask"]))
+        # the architecture and tokenizer are the checkpoint's; dropout and the head mask are ours to set
+        source = parse_init_from(model["init_from"])
+        pretrained = from_hf(source, attention=attention, dropout=model["dropout"], head_mask=model.get("head_mask"))
         converted = pretrained.config.to_dict()
-        converted.update(init_from=None, head_mask=model.get("head_mask"), tokenizer=model.get("tokenizer"))
+        if model.get("tokenizer") not in (None, converted["tokenizer"]):
+            log.warning("model.tokenizer=%s ignored: %s brings its own tokenizer", model["tokenizer"], source)
+        converted["init_from"] = None
         converted["extra"] = {**converted.get("extra", {}), "init_from": model["init_from"]}
         return converted, attention, pretrained
     ModelConfig.from_dict(model)  # validate early, before any data work
     return model, attention, None
+
+
+def resumed_step(ckpt_path: str | None) -> int:
+    """The optimizer step a resumed run starts from (0 for a fresh one)."""
+    if not ckpt_path:
+        return 0
+    return int(torch.load(ckpt_path, map_location="cpu", weights_only=False, mmap=True)["global_step"])
 
 
 def build_datamodule(cfg: DictConfig, model: dict[str, Any]) -> TextDataModule:
@@ -110,13 +119,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if torch.as_tensor(v).numel() == 1}
     checkpoint = trainer.checkpoint_callback
-    tokens = (
-        trainer.global_step
-        * cfg.data.batch_size
-        * cfg.data.block_size
-        * cfg.trainer.accumulate_grad_batches
-        * trainer.world_size
+    tokens_per_step = (
+        cfg.data.batch_size * cfg.data.block_size * cfg.trainer.accumulate_grad_batches * trainer.world_size
     )
+    tokens = trainer.global_step * tokens_per_step  # all the model has seen, the resumed-from steps included
+    tokens_this_run = (trainer.global_step - resumed_step(cfg.get("ckpt_path"))) * tokens_per_step
     results = {
         "experiment": cfg.experiment_name,
         "model": model_cfg["name"],
@@ -126,8 +133,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "unigram_ppl": unigram,
         "steps": trainer.global_step,
         "train_tokens": tokens,
+        "run_tokens": tokens_this_run,
         "train_seconds": seconds,
-        "tokens_per_second": tokens / seconds if seconds > 0 else None,
+        "tokens_per_second": tokens_this_run / seconds if seconds > 0 else None,
         "parameters": module.model.num_parameters(),
         "best_checkpoint": getattr(checkpoint, "best_model_path", None) or None,
         "last_checkpoint": getattr(checkpoint, "last_model_path", None) or None,
@@ -159,7 +167,7 @@ def summary(results: dict[str, Any]) -> str:
     rate = results["tokens_per_second"] or 0.0
     return (
         f"\nattnlab: {results['model']} + attention={results['attention']}, {results['steps']} steps, "
-        f"{results['train_tokens']:,} tokens in {results['train_seconds']:.0f} s ({rate:,.0f} tokens/s)\n"
+        f"{results['run_tokens']:,} tokens in {results['train_seconds']:.0f} s ({rate:,.0f} tokens/s)\n"
         f"  validation perplexity {ppl}  vs  unigram baseline {results['unigram_ppl']:.1f}\n"
         f"  outputs: {results['output_dir']}\n"
     )

@@ -20,11 +20,12 @@ from attnlab.errors import require
 
 @dataclass
 class ClippedSoftmaxOptions(VariantOptions):
-    """Set exactly one of ``gamma`` (direct) and ``alpha`` (``gamma = -alpha / block_size``); the other null."""
+    """Set exactly one of ``gamma`` (direct) and ``alpha`` (``gamma = -alpha / T_ctx``); the other null."""
 
     zeta: float = 1.0  # stretch above: probabilities >= (1 - gamma) / (zeta - gamma) clip to exactly 1
     gamma: float | None = None  # stretch below (<= 0): probabilities <= -gamma / (zeta - gamma) clip to exactly 0
-    alpha: float | None = 12.0  # gamma = -alpha / T_ctx with T_ctx = model.block_size (their OPT-125m run)
+    alpha: float | None = 12.0  # gamma = -alpha / T_ctx (their OPT-125m run: alpha 12, T_ctx 512)
+    context_length: int | None = None  # T_ctx, the training context; None: model.block_size
     chunk_size: int = 256  # queries per chunk of the memory-bounded path
 
     def __post_init__(self) -> None:
@@ -38,7 +39,9 @@ class ClippedSoftmaxOptions(VariantOptions):
         if self.gamma is not None:
             require(self.gamma <= 0, "attention.gamma", f"must be <= 0, got {self.gamma}")
         if self.alpha is not None:
-            require(self.alpha >= 0, "attention.alpha", f"must be >= 0 (gamma = -alpha / block_size), got {self.alpha}")
+            require(self.alpha >= 0, "attention.alpha", f"must be >= 0 (gamma = -alpha / T_ctx), got {self.alpha}")
+        if self.context_length is not None:
+            require(self.context_length > 0, "attention.context_length", f"must be positive, got {self.context_length}")
         require(self.chunk_size > 0, "attention.chunk_size", f"must be positive, got {self.chunk_size}")
 
 
@@ -52,7 +55,8 @@ class ClippedSoftmax(AttentionVariant):
     def __init__(self, shape: AttentionShape, options: ClippedSoftmaxOptions) -> None:
         super().__init__(shape, options)
         self.zeta = options.zeta
-        self.gamma = options.gamma if options.gamma is not None else -options.alpha / shape.block_size
+        context = options.context_length or shape.block_size
+        self.gamma = options.gamma if options.gamma is not None else -options.alpha / context
 
     def probabilities(self, scores: Tensor) -> Tensor:
         return torch.clamp((self.zeta - self.gamma) * torch.softmax(scores.float(), dim=-1) + self.gamma, 0, 1)
