@@ -91,6 +91,7 @@ class TextDataModule(L.LightningDataModule):
         self.val_dataset: Dataset | IterableDataset | None = None
         self.token_counts: np.ndarray | None = None  # unigram counts of the training tokens (or a sample)
         self.reused_cache = False
+        self._split_by_node = False  # streaming DDP: each rank's shard is taken once
 
     # ---------------------------------------------------------------- public facts the model needs
     @property
@@ -119,7 +120,8 @@ class TextDataModule(L.LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         self.prepare()
-        if self.streaming and self.trainer is not None and self.trainer.world_size > 1:
+        if self.streaming and self.trainer is not None and self.trainer.world_size > 1 and not self._split_by_node:
+            self._split_by_node = True
             rank, world = self.trainer.global_rank, self.trainer.world_size
             self.train_dataset = split_dataset_by_node(self.train_dataset, rank=rank, world_size=world)
 
@@ -234,6 +236,9 @@ class TextDataModule(L.LightningDataModule):
     def _identity(self, docs: Dataset | IterableDataset) -> dict[str, Any]:
         identity = {"name": self.name, "source": self.source, "path": self.path, "config": self.config_name}
         identity.update(text_field=self.text_field, seed=self.seed, val=[self.val_split, self.val_fraction])
+        identity.update(train_split=self.train_split)
+        if self.streaming:  # no fingerprint: the tokenizer's sample is the first documents of the stream
+            identity["sample_documents"] = self.tokenizer_train_documents
         if isinstance(docs, Dataset):
             identity["fingerprint"] = docs._fingerprint
         return identity

@@ -59,6 +59,10 @@ class ModelConfig:
         require(0.0 <= self.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {self.dropout}")
         if self.pos_encoding == "rotary":
             require(self.rotary_dim % 2 == 0, "model.rotary_pct", f"rotary dims {self.rotary_dim} must be even")
+        if self.rope_scaling is not None:
+            rope_type = self.rope_scaling.get("rope_type", self.rope_scaling.get("type", "llama3"))
+            require_choice(rope_type, ("llama3",), "model.rope_scaling.rope_type")
+            require("factor" in self.rope_scaling, "model.rope_scaling", "needs a 'factor' (Llama 3 rope scaling)")
         if self.head_mask is not None:
             shape = (len(self.head_mask), {len(row) for row in self.head_mask})
             require(
