@@ -175,3 +175,13 @@ def test_missing_files_and_empty_corpus_name_the_key(tmp_path: Path) -> None:
     short.write_text("one paragraph.\n\nanother paragraph.\n\na third one.")
     with pytest.raises(ConfigError, match="fewer tokens than one block"):
         files_module(short, tmp_path / "cache", block_size=64).prepare_data()
+
+
+def test_hub_tokenizer_offline_fails_fast_naming_the_key(tmp_path: Path) -> None:
+    from attnlab.data.tokenizer import load_pretrained_tokenizer
+
+    with pytest.raises(ConfigError) as err:
+        load_pretrained_tokenizer("attnlab-tests/not-a-cached-repo")
+    assert err.value.key == "model.tokenizer" and "not in the local cache" in str(err.value)
+    with pytest.raises(ConfigError, match=r"no tokenizer\.json"):
+        load_pretrained_tokenizer(str(tmp_path))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -15,35 +14,16 @@ BPE_EOS = "<|endoftext|>"
 
 
 def load_pretrained_tokenizer(name_or_path: str) -> Tokenizer:
-    """A ``tokenizer.json`` file, a directory holding one, a ``hf:`` checkpoint or a hub repo id."""
-    name_or_path = name_or_path.removeprefix("hf:")
-    path = Path(name_or_path)
-    if path.is_file():
-        return Tokenizer.from_file(str(path))
-    if path.is_dir():
-        file = path / "tokenizer.json"
-        if not file.is_file():
-            raise ConfigError("model.tokenizer", f"{path} has no tokenizer.json")
-        return Tokenizer.from_file(str(file))
-    if os.environ.get("HF_HUB_OFFLINE") == "1":
-        from huggingface_hub import try_to_load_from_cache
+    """A ``tokenizer.json`` file, a directory holding one, a ``hf:`` checkpoint or a hub repo id.
 
-        cached = try_to_load_from_cache(name_or_path, "tokenizer.json")
-        if isinstance(cached, str):
-            return Tokenizer.from_file(cached)
-        raise ConfigError(
-            "model.tokenizer",
-            f"tokenizer {name_or_path!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE=1; "
-            "run once with internet access or point model.tokenizer at a directory with tokenizer.json",
-        )
-    try:
-        return Tokenizer.from_pretrained(name_or_path)
-    except Exception as exc:
-        raise ConfigError(
-            "model.tokenizer",
-            f"could not fetch tokenizer {name_or_path!r} from the Hugging Face hub ({exc.__class__.__name__}); "
-            "check the name and your network, or point model.tokenizer at a directory with tokenizer.json",
-        ) from exc
+    Directories and hub repos go through the checkpoint loader's lookup, which fails fast without network.
+    """
+    from attnlab.models.hf import hf_tokenizer_path
+
+    name_or_path = name_or_path.removeprefix("hf:")
+    if Path(name_or_path).is_file():
+        return Tokenizer.from_file(name_or_path)
+    return Tokenizer.from_file(hf_tokenizer_path(name_or_path))
 
 
 def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:

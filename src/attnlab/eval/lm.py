@@ -60,9 +60,7 @@ def load_tokenizer(
             "since the evaluation release) and the checkpoint names none; pass tokenizer=<path to tokenizer.json>",
         )
     if pretrained:
-        from attnlab.models.hf import hf_tokenizer_path
-
-        return Tokenizer.from_file(hf_tokenizer_path(pretrained.removeprefix("hf:")))
+        return load_pretrained_tokenizer(pretrained)
     raise ConfigError("tokenizer", "nothing to load a tokenizer from: pass checkpoint=, pretrained= or tokenizer=")
 
 

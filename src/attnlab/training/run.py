@@ -40,7 +40,7 @@ def model_and_attention(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]
     ckpt_path = cfg.get("ckpt_path")
     if ckpt_path:
         require(Path(ckpt_path).is_file(), "ckpt_path", f"no checkpoint at {ckpt_path}")
-        hparams = torch.load(ckpt_path, map_location="cpu", weights_only=False)["hyper_parameters"]
+        hparams = torch.load(ckpt_path, map_location="cpu", weights_only=False, mmap=True)["hyper_parameters"]
         log.info("Resuming %s: model and attention come from the checkpoint", ckpt_path)
         return dict(hparams["model"]), dict(hparams["attention"]), None
     model, attention = container(cfg.model), container(cfg.attention)
