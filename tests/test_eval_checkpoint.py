@@ -1,23 +1,29 @@
-"""A training run's checkpoint evaluates on its own: same architecture, variant, weights and tokenizer; train.py's
-``eval.after_train`` hook and ``python evaluate.py`` both run the quick task set on it."""
+"""A training run's checkpoint evaluates on its own, even copied alone elsewhere: same architecture, variant,
+weights, tokenizer and held-out split; train.py's ``eval.after_train`` and ``python evaluate.py`` both run the quick
+task set on it."""
 
 from __future__ import annotations
 
 import csv
 import json
+import shutil
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer
+from omegaconf import OmegaConf
 
 from attnlab.attention import available_attention
 from attnlab.attention.base import resolve_options
+from attnlab.data.tokenizer import train_bpe_tokenizer
+from attnlab.errors import ConfigError
+from attnlab.eval.harness import evaluate_after_training
 from attnlab.eval.lm import AttnlabLM
 from attnlab.models import ModelConfig
-from attnlab.training.module import LanguageModel
+from attnlab.runs import RECORD_KEY, load_checkpoint
 from attnlab.training.run import run
 from tests.conftest import MICRO_DATA, MICRO_MODEL, ROOT, compose_config
 
@@ -45,24 +51,25 @@ def trained(tmp_path_factory: pytest.TempPathFactory, data_cache: Path) -> tuple
         "eval.limit=2",
         *PASSKEY,
     ]
-    results = run(compose_config(overrides, out, data_cache))
+    cfg = compose_config(overrides, out, data_cache)
+    results = run(cfg, partial(evaluate_after_training, cfg))
     return out, results
 
 
 def test_checkpoint_round_trips_with_its_variant_weights_and_tokenizer(trained: tuple[Path, dict]) -> None:
     out, _ = trained
     ckpt = out / "checkpoints" / "last.ckpt"
+    saved = load_checkpoint(ckpt)
     lm = AttnlabLM(checkpoint=str(ckpt))
-    hparams = torch.load(ckpt, map_location="cpu", weights_only=False)["hyper_parameters"]
-    assert lm.model.config == ModelConfig.from_dict(hparams["model"])
-    assert lm.model.attention_config["name"] == ATTENTION == hparams["attention"]["name"]
+    assert lm.model.config == ModelConfig.from_dict(saved.spec["model"])
+    assert lm.model.attention_config["name"] == ATTENTION == saved.spec["attention"]["name"]
     assert type(lm.model.blocks[0].attn.variant) is resolve_options({"name": ATTENTION})[0]
-    reference = LanguageModel.load_from_checkpoint(str(ckpt), map_location="cpu").model.eval()
-    for name, value in reference.state_dict().items():
-        assert torch.equal(lm.model.state_dict()[name], value), name
-    assert lm.tokenizer.to_str() == Tokenizer.from_file(str(out / "tokenizer.json")).to_str()
-    ids = torch.tensor([lm.tok_encode("The history of the city")])
-    assert torch.equal(lm.model(ids), reference(ids))
+    raw = torch.load(ckpt, map_location="cpu", weights_only=True)
+    for name, value in lm.model.state_dict().items():
+        assert torch.equal(raw["state_dict"][f"model.{name}"], value), name
+    assert lm.tokenizer.to_str() == saved.tokenizer_json
+    assert saved.data["name"] == "wiki_sample" and saved.data["seed"] == 1337 and saved.data["val_fraction"] == 0.1
+    assert saved.spec["schedule_steps"] == 3 and saved.global_step == 3
 
 
 def test_training_evaluates_its_checkpoint_when_asked(trained: tuple[Path, dict]) -> None:
@@ -74,12 +81,17 @@ def test_training_evaluates_its_checkpoint_when_asked(trained: tuple[Path, dict]
     assert saved["summary"]["checkpoint"] == results["best_checkpoint"]
 
 
-def test_evaluate_cli_runs_the_quick_task_set(trained: tuple[Path, dict], tmp_path: Path, data_cache: Path) -> None:
+def test_evaluate_cli_runs_the_quick_task_set_on_a_checkpoint_copied_alone(
+    trained: tuple[Path, dict], tmp_path: Path, data_cache: Path
+) -> None:
     out, _ = trained
+    alone = tmp_path / "elsewhere" / "copy.ckpt"
+    alone.parent.mkdir()
+    shutil.copy(out / "checkpoints" / "last.ckpt", alone)
     command = [
         sys.executable,
         "evaluate.py",
-        f"ckpt_path={out}/checkpoints/last.ckpt",
+        f"ckpt_path={alone}",
         "eval=quick",
         "limit=2",
         *PASSKEY,
@@ -95,3 +107,41 @@ def test_evaluate_cli_runs_the_quick_task_set(trained: tuple[Path, dict], tmp_pa
     assert record["model"]["attnlab_attention"] == ATTENTION
     (row,) = list(csv.DictReader((tmp_path / "r.csv").open()))
     assert row["suite"] == "quick" and float(row["heldout_word_ppl"]) > 1
+    # the held-out split is the training run's, rebuilt from the data identity inside the checkpoint
+    assert float(row["heldout_word_ppl"]) == pytest.approx(
+        json.loads((out / "results.json").read_text())["eval"]["heldout_word_ppl"]
+    )
+
+
+def test_checkpoint_written_before_the_record_still_evaluates(trained: tuple[Path, dict], tmp_path: Path) -> None:
+    """The old layout: hyperparameters in the checkpoint, tokenizer.json and .hydra/config.yaml in the run."""
+    out, _ = trained
+    raw = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    saved = raw.pop(RECORD_KEY)
+    raw["hyper_parameters"] = {k: saved["spec"][k] for k in ("model", "attention", "optim")}
+    legacy = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    legacy.parent.mkdir(parents=True)
+    torch.save(raw, legacy)
+    (tmp_path / "run" / "tokenizer.json").write_text(saved["tokenizer"])
+    (tmp_path / "run" / ".hydra").mkdir()
+    OmegaConf.save(
+        {"data": {"name": "wiki_sample", "seed": 7, "val_fraction": 0.2}}, tmp_path / "run/.hydra/config.yaml"
+    )
+    lm = AttnlabLM(checkpoint=str(legacy))
+    assert lm.tokenizer.to_str() == saved["tokenizer"] and lm.run_data == {
+        "name": "wiki_sample",
+        "seed": 7,
+        "val_fraction": 0.2,
+    }
+    (tmp_path / "run" / "tokenizer.json").unlink()
+    with pytest.raises(ConfigError, match="pass tokenizer="):
+        AttnlabLM(checkpoint=str(legacy))
+
+
+def test_a_tokenizer_other_than_the_checkpoints_is_an_error(trained: tuple[Path, dict], tmp_path: Path) -> None:
+    out, _ = trained
+    other = tmp_path / "other.json"
+    train_bpe_tokenizer(["a completely different corpus"] * 20, 300).save(str(other))
+    with pytest.raises(ConfigError, match="not the tokenizer") as err:
+        AttnlabLM(checkpoint=str(out / "checkpoints" / "last.ckpt"), tokenizer=str(other))
+    assert err.value.key == "tokenizer"

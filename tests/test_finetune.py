@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from attnlab.data.tokenizer import train_bpe_tokenizer
 from attnlab.models.hf import from_hf
+from attnlab.runs import OptimSpec, load_checkpoint
 from attnlab.training.module import LanguageModel
 from attnlab.training.run import run
 
@@ -50,13 +50,13 @@ def test_finetune_experiment_runs_with_the_papers_settings(make_config, gpt2_che
     results = run(make_config(overrides, out))
     assert results["steps"] == math.ceil(1000 / (4 * 32))
 
-    module = LanguageModel.load_from_checkpoint(out / "checkpoints" / "last.ckpt")
-    assert module.hparams.attention["name"] == attention
+    saved = load_checkpoint(out / "checkpoints" / "last.ckpt")
+    module = LanguageModel(saved.build_model(), OptimSpec(**saved.spec["optim"]), saved.spec["schedule_steps"], {})
+    assert saved.spec["attention"]["name"] == attention
     assert module.model.config.n_layer == 2 and module.model.config.vocab_size == VOCAB
     assert module.model.config.extra["init_from"] == f"hf:{gpt2_checkpoint}"
     # the checkpoint's own tokenizer (not the preset's "gpt2"), and our dropout
     assert module.model.config.tokenizer == str(gpt2_checkpoint) and module.model.config.dropout == 0.1
-    module.trainer = SimpleNamespace(estimated_stepping_batches=8)
     opt = module.configure_optimizers()["optimizer"]
     by_name = {g["name"]: g for g in opt.param_groups}
     assert by_name["variant"]["lr"] == pytest.approx(1e-2) and by_name["decay"]["lr"] == pytest.approx(1e-6)

@@ -11,20 +11,12 @@ __all__ = ["build_model", "from_hf"]
 
 
 def build_model(cfg: Any) -> GPT:
-    """The model a composed config describes (``cfg.model``, ``cfg.attention``); loads HF weights if ``init_from``."""
-    from omegaconf import OmegaConf
+    """The model a composed config describes (``cfg.model``, ``cfg.attention``), through the one builder:
+    from scratch, or from ``model.init_from`` (``hf:<name|dir>`` or one of our ``.ckpt`` files)."""
+    from attnlab.models import build_gpt
+    from attnlab.runs import plain
 
-    from attnlab.models import GPT, ModelConfig
-
-    model = OmegaConf.to_container(cfg.model, resolve=True) if OmegaConf.is_config(cfg.model) else dict(cfg.model)
-    attention = cfg.attention
-    attention = OmegaConf.to_container(attention, resolve=True) if OmegaConf.is_config(attention) else dict(attention)
-    if model.get("init_from"):
-        from attnlab.models.hf import from_hf as load
-        from attnlab.models.hf import parse_init_from
-
-        return load(parse_init_from(model["init_from"]), attention=attention)
-    return GPT(ModelConfig.from_dict(model), attention)
+    return build_gpt(plain(cfg.model), plain(cfg.attention))
 
 
 def from_hf(path_or_name: str, attention: dict | str = "vanilla", **overrides: Any) -> GPT:

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.attention import available_attention
-from attnlab.models import GPT, ModelConfig
+from attnlab.models import GPT, ModelConfig, build_gpt
 
 # H100 SXM dense bf16 peak, the usual denominator for MFU; pass --peak-flops for other devices
 H100_BF16_PEAK = 989e12
@@ -42,7 +42,7 @@ def benchmark(config: ModelConfig, names: list[str], batch: int, length: int, ro
     autocast = device.startswith("cuda")
     steps, models = {}, {}
     for name in names:
-        models[name] = GPT(config, {"name": name}).to(device)
+        models[name] = build_gpt(config.to_dict(), name).to(device)
         steps[name] = make_step(models[name], tokens, autocast)
         steps[name]()  # warm-up: allocator, kernels selection
     timings: dict[str, list[float]] = {name: [] for name in names}

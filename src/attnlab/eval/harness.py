@@ -22,6 +22,8 @@ from attnlab.errors import ConfigError
 from attnlab.eval.heldout import heldout_dataset
 from attnlab.eval.lm import AttnlabLM
 from attnlab.eval.passkey import MAX_NEW_TOKENS, per_length_accuracy
+from attnlab.hub import wandb_mode
+from attnlab.runs import output_dir
 
 log = logging.getLogger(__name__)
 
@@ -29,19 +31,9 @@ TASKS_DIR = Path(__file__).parent / "tasks"  # attnlab's own lm-eval tasks
 RUN_FIELDS = ("run_id", "time", "suite", "checkpoint", "pretrained", "model", "attention", "limit", "lm_eval")
 
 
-def run_data_config(checkpoint: str | None) -> dict[str, Any]:
-    """The training run's ``data`` config (from ``<run>/.hydra/config.yaml``), or {} when there is none."""
-    if not checkpoint:
-        return {}
-    config = Path(checkpoint).resolve().parent.parent / ".hydra" / "config.yaml"
-    if not config.is_file():
-        return {}
-    data = OmegaConf.load(config).get("data")
-    return {k: data.get(k) for k in ("name", "seed", "val_fraction")} if data is not None else {}
-
-
-def task_metadata(lm: AttnlabLM, suite: dict[str, Any], out_dir: Path, cache_dir: str, data: dict[str, Any]) -> dict:
+def task_metadata(lm: AttnlabLM, suite: dict[str, Any], out_dir: Path, cache_dir: str) -> dict:
     """What attnlab's generated tasks need: the tokenizer (saved with the results), passkey and held-out settings."""
+    data = lm.run_data
     tokenizer_file = out_dir / "tokenizer.json"
     lm.tokenizer.save(str(tokenizer_file))
     passkey = dict(suite.get("passkey") or {})
@@ -73,13 +65,12 @@ def run_lm_eval(
     limit: int | None,
     seed: int,
     cache_dir: str,
-    data: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``simple_evaluate`` over the suite's tasks; raises a ``ConfigError`` naming the hub when a dataset is missing."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    metadata = task_metadata(lm, suite, out_dir, cache_dir, data or {})
+    metadata = task_metadata(lm, suite, out_dir, cache_dir)
     include = [str(TASKS_DIR), *(str(Path(p).resolve()) for p in suite.get("include_path") or [])]
     manager = TaskManager(include_path=include, include_defaults=suite.get("include_defaults", True), metadata=metadata)
     try:
@@ -150,8 +141,6 @@ def log_wandb(row: dict[str, Any], record: dict[str, Any], out_dir: Path, wandb_
     """Summary metrics and a one-row table, in a W&B run of its own (offline unless an API key is set)."""
     import wandb
 
-    from attnlab.training.loggers import wandb_mode
-
     run = wandb.init(
         project=wandb_cfg.get("project", "attnlab"),
         group=wandb_cfg.get("group", "eval"),
@@ -188,7 +177,6 @@ def evaluate_suite(
     results_csv: Path | None = None,
     run_id: str = "",
     wandb_cfg: dict[str, Any] | None = None,
-    data: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``lm`` on ``suite`` (lm-eval ``tasks`` and/or ``analysis``); write ``results.json``; return it."""
     import lm_eval
@@ -197,7 +185,7 @@ def evaluate_suite(
     started = time.perf_counter()
     results = None
     if suite.get("tasks"):
-        results = run_lm_eval(lm, suite, out_dir, limit=limit, seed=seed, cache_dir=cache_dir, data=data)
+        results = run_lm_eval(lm, suite, out_dir, limit=limit, seed=seed, cache_dir=cache_dir)
     info = lm.get_model_info()
     row: dict[str, Any] = {
         "run_id": run_id,
@@ -223,7 +211,7 @@ def evaluate_suite(
     if suite.get("analysis") is not None:
         analysis_cfg = dict(suite["analysis"])
         if "texts" not in analysis_cfg and "eval_tokens" not in analysis_cfg:
-            analysis_cfg["texts"] = heldout_texts(data or {}, cache_dir)
+            analysis_cfg["texts"] = heldout_texts(lm.run_data, cache_dir)
         record["analysis"] = run_analysis_suite(lm, out_dir / "analysis", analysis_cfg)
     record.update(summary=row, seconds=time.perf_counter() - started)
     from lm_eval.utils import handle_non_serializable
@@ -259,25 +247,22 @@ def run_analysis_suite(lm: AttnlabLM, out_dir: Path, cfg: dict[str, Any]) -> dic
     return run_analysis(lm.model, lm.tokenizer, out_dir, cfg)
 
 
-def evaluate_after_training(cfg: Any, checkpoint: str | None, run_dir: Path) -> dict[str, Any]:
+def evaluate_after_training(cfg: Any, checkpoint: str) -> dict[str, Any]:
     """train.py's ``eval.after_train``: the run's checkpoint on ``cfg.eval``, written under ``<run>/eval``."""
     import torch
 
     from attnlab.resolvers import RUN_ID
 
-    if not checkpoint:
-        raise ConfigError("eval.after_train", "training saved no checkpoint to evaluate (callbacks.model_checkpoint)")
     suite = OmegaConf.to_container(cfg.eval, resolve=True)
     lm = AttnlabLM(checkpoint=checkpoint, device="cuda" if torch.cuda.is_available() else "cpu")
     record = evaluate_suite(
         lm,
         suite,
-        run_dir / "eval",
+        output_dir(cfg) / "eval",
         limit=suite.get("limit"),
         seed=cfg.seed,
         cache_dir=cfg.paths.cache_dir,
         results_csv=Path(cfg.paths.log_dir) / "eval" / "results.csv",
         run_id=RUN_ID,
-        data={k: cfg.data.get(k) for k in ("name", "seed", "val_fraction")},
     )
     return record["summary"]

@@ -7,7 +7,6 @@ do not move with the batch size (tests check it). Rolling perplexity uses lm-eva
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,7 +20,9 @@ from tqdm import tqdm
 
 from attnlab.data.tokenizer import eos_token_id, load_pretrained_tokenizer
 from attnlab.errors import ConfigError
-from attnlab.models import GPT
+from attnlab.models import GPT, build_gpt
+from attnlab.models.hf import INIT_FROM_PREFIX
+from attnlab.runs import RunCheckpoint, load_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -29,53 +30,37 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 BOS_CANDIDATES = ("<|begin_of_text|>", "<s>")
 
 
-def checkpoint_tokenizer_path(checkpoint: str | Path) -> Path | None:
-    """``<run>/checkpoints/last.ckpt`` -> ``<run>/tokenizer.json`` (saved by the training run), if it exists."""
-    ckpt = Path(checkpoint).resolve()
-    for directory in (ckpt.parent.parent, ckpt.parent):
-        if (directory / "tokenizer.json").is_file():
-            return directory / "tokenizer.json"
-    return None
-
-
 def load_tokenizer(
-    checkpoint: str | None = None, pretrained: str | None = None, tokenizer: str | Tokenizer | None = None
+    checkpoint: str | RunCheckpoint | None = None,
+    pretrained: str | None = None,
+    tokenizer: str | Tokenizer | None = None,
 ) -> Tokenizer:
-    """An explicit ``tokenizer``, else the one saved with the checkpoint's run, else the pretrained model's own."""
-    if isinstance(tokenizer, Tokenizer):
-        return tokenizer
-    if tokenizer:
-        return load_pretrained_tokenizer(tokenizer)
-    if checkpoint:
-        saved = checkpoint_tokenizer_path(checkpoint)
-        if saved is not None:
-            return Tokenizer.from_file(str(saved))
-        hparams = torch.load(checkpoint, map_location="cpu", weights_only=False)["hyper_parameters"]
-        name = hparams["model"].get("tokenizer")
-        if name:
-            return load_pretrained_tokenizer(name)
-        raise ConfigError(
-            "tokenizer",
-            f"no tokenizer.json next to {checkpoint} (expected <run>/tokenizer.json, written by training runs "
-            "since the evaluation release) and the checkpoint names none; pass tokenizer=<path to tokenizer.json>",
-        )
+    """The checkpoint's own tokenizer (it travels inside it), else an explicit ``tokenizer``, else the pretrained
+    model's. An explicit tokenizer that differs from the checkpoint's is an error: its scores would be noise."""
+    explicit = load_pretrained_tokenizer(tokenizer) if isinstance(tokenizer, str) and tokenizer else tokenizer
+    run = load_checkpoint(checkpoint) if isinstance(checkpoint, str) else checkpoint
+    if run is not None and run.tokenizer_json is not None:
+        own = run.tokenizer
+        if explicit is not None and explicit.get_vocab() != own.get_vocab():
+            raise ConfigError(
+                "tokenizer", f"{tokenizer} is not the tokenizer {run.path} was trained with; drop tokenizer="
+            )
+        return own
+    if explicit is not None:
+        return explicit
+    if run is not None:
+        return run.tokenizer  # a legacy checkpoint without one: says what to pass
     if pretrained:
         return load_pretrained_tokenizer(pretrained)
     raise ConfigError("tokenizer", "nothing to load a tokenizer from: pass checkpoint=, pretrained= or tokenizer=")
 
 
-def load_model(checkpoint: str | None = None, pretrained: str | None = None, attention: Any = "vanilla") -> GPT:
-    """The exact model (architecture and attention variant) a Lightning checkpoint or an HF checkpoint describes."""
-    if checkpoint:
-        from attnlab.training.module import LanguageModel
-
-        if not Path(checkpoint).is_file():
-            raise ConfigError("checkpoint", f"no checkpoint at {checkpoint}")
-        return LanguageModel.load_from_checkpoint(checkpoint, map_location="cpu").model
+def load_model(run: RunCheckpoint | None = None, pretrained: str | None = None, attention: Any = "vanilla") -> GPT:
+    """The exact model one of our checkpoints holds, or an HF checkpoint with ``attention`` at its fine-tune init."""
+    if run is not None:
+        return run.build_model()
     if pretrained:
-        from attnlab.models.hf import from_hf
-
-        return from_hf(pretrained.removeprefix("hf:"), attention=attention)
+        return build_gpt({"init_from": INIT_FROM_PREFIX + pretrained.removeprefix(INIT_FROM_PREFIX)}, attention)
     raise ConfigError("checkpoint", "pass checkpoint=<run>/checkpoints/last.ckpt or pretrained=hf:<name or dir>")
 
 
@@ -111,10 +96,12 @@ class AttnlabLM(TemplateLM):
         if dtype not in DTYPES:
             raise ConfigError("dtype", f"{dtype!r} is not one of {sorted(DTYPES)}")
         self.checkpoint, self.pretrained = checkpoint, pretrained
-        self.model = model if model is not None else load_model(checkpoint, pretrained, attention)
+        run = load_checkpoint(checkpoint) if checkpoint else None
+        self.run_data = run.data if run is not None else {}  # what rebuilds the run's held-out split
+        self.model = model if model is not None else load_model(run, pretrained, attention)
         self._device = resolve_device(device)
         self.model = self.model.to(device=self._device, dtype=DTYPES[dtype]).eval()
-        self.tokenizer = load_tokenizer(checkpoint, pretrained, tokenizer)
+        self.tokenizer = load_tokenizer(run, pretrained, tokenizer)
         self.batch_size = int(batch_size)
         self.max_length = int(max_length or self.model.config.block_size)
         vocab = self.tokenizer.get_vocab_size()

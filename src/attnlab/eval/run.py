@@ -9,10 +9,10 @@ import lightning as L
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.errors import ConfigError
-from attnlab.eval.harness import evaluate_suite, run_data_config
+from attnlab.eval.harness import evaluate_suite
 from attnlab.eval.lm import AttnlabLM
 from attnlab.resolvers import RUN_ID
-from attnlab.training.run import container, output_dir
+from attnlab.runs import output_dir, plain, remove_stub
 
 
 def wandb_settings(cfg: DictConfig) -> dict[str, Any] | None:
@@ -30,7 +30,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     lm = AttnlabLM(
         checkpoint=cfg.get("ckpt_path"),
         pretrained=cfg.get("pretrained"),
-        attention=container(cfg.attention),
+        attention=plain(cfg.attention),
         tokenizer=cfg.get("tokenizer"),
         batch_size=cfg.batch_size,
         device=cfg.device,
@@ -39,7 +39,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     )
     return evaluate_suite(
         lm,
-        container(cfg.eval),
+        plain(cfg.eval),
         output_dir(cfg),
         limit=cfg.get("limit"),
         seed=cfg.seed,
@@ -47,13 +47,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         results_csv=Path(cfg.results_csv) if cfg.get("results_csv") else None,
         run_id=RUN_ID,
         wandb_cfg=wandb_settings(cfg),
-        data=run_data_config(cfg.get("ckpt_path")),
     )
 
 
 def main(cfg: DictConfig) -> dict[str, Any]:
-    """Hydra task: a bad config prints one line naming the key and exits 2."""
+    """Hydra task: a bad config prints one line naming the key and exits non-zero, leaving no run directory."""
     try:
         return run(cfg)
     except ConfigError as exc:
+        remove_stub(output_dir(cfg))
         raise SystemExit(f"error: {exc}") from None

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from attnlab.errors import ConfigError
-from attnlab.hub import hub_reachable
+from attnlab.hub import hub_reachable, local_dir, snapshot
 from attnlab.models.config import ModelConfig
 from attnlab.models.gpt import GPT
 
@@ -94,7 +94,6 @@ NOT_IN_CHECKPOINT = re.compile(r"(\.attn\.variant\.|\.attn\.head_mask$|^token_lo
 RUNTIME_FIELDS = ("name", "dropout", "block_size", "tokenizer", "init_from", "head_mask", "extra")
 WEIGHT_PATTERNS = ["*.json", "model*.safetensors", "tokenizer*"]
 BIN_PATTERNS = ["pytorch_model*.bin", "pytorch_model.bin.index.json"]
-TOKENIZER_PATTERNS = ["tokenizer*", "special_tokens_map.json"]
 
 
 def parse_init_from(init_from: str | None) -> str | None:
@@ -341,41 +340,6 @@ def _check_keys(state: Mapping[str, Tensor], expected: Mapping[str, tuple[int, .
 # ---------------------------------------------------------------------------------------------- files
 
 
-def _snapshot(repo_id: str, patterns: list[str], key: str = "model.init_from") -> Path:
-    """The local snapshot of a hub repo: the cache when offline (failing fast if absent), else a download."""
-    from huggingface_hub import constants, snapshot_download
-    from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
-
-    offline = not hub_reachable()
-    try:
-        return Path(snapshot_download(repo_id, allow_patterns=patterns, local_files_only=offline))
-    except LocalEntryNotFoundError as error:
-        raise ConfigError(
-            key,
-            f"Hugging Face repo {repo_id!r} is not in the local cache ({constants.HF_HUB_CACHE}) and the hub "
-            "cannot be reached (HF_HUB_OFFLINE=1, or no connection to huggingface.co:443). Run once with internet "
-            f"access (e.g. `hf download {repo_id}`) to cache it, or pass a local directory with config.json and "
-            "model.safetensors.",
-        ) from error
-    except GatedRepoError as error:
-        raise ConfigError(
-            key,
-            f"{repo_id!r} is gated: accept its licence on huggingface.co and log in (`hf auth login` or HF_TOKEN)",
-        ) from error
-    except RepositoryNotFoundError as error:
-        raise ConfigError(key, f"no Hugging Face repo {repo_id!r} (or it is private)") from error
-
-
-def _local_dir(path_or_name: str) -> Path | None:
-    """The directory if ``path_or_name`` names one, None if it is a hub repo id."""
-    path = Path(path_or_name).expanduser()
-    if path.is_dir():
-        return path
-    if path.exists() or path_or_name.startswith(("/", "./", "../", "~")):
-        raise ConfigError("model.init_from", f"{path_or_name!r} is not a directory with an HF checkpoint")
-    return None
-
-
 def _weight_files(directory: Path) -> list[Path]:
     for index_name, single in (
         ("model.safetensors.index.json", "model.safetensors"),
@@ -404,11 +368,11 @@ def _read_weights(files: list[Path]) -> dict[str, Tensor]:
 
 def resolve_checkpoint(path_or_name: str) -> Path:
     """Directory holding config.json and the weights: the given one, or the hub snapshot (downloaded if needed)."""
-    directory = _local_dir(path_or_name)
+    directory = local_dir(path_or_name)
     if directory is None:
-        directory = _snapshot(path_or_name, WEIGHT_PATTERNS)
+        directory = snapshot(path_or_name, WEIGHT_PATTERNS)
         if not _weight_files(directory) and hub_reachable():
-            directory = _snapshot(path_or_name, BIN_PATTERNS)  # older repos have only pytorch_model.bin
+            directory = snapshot(path_or_name, BIN_PATTERNS)  # older repos have only pytorch_model.bin
     return directory
 
 
@@ -436,19 +400,10 @@ def load_hf_checkpoint(path_or_name: str) -> tuple[ModelConfig, dict[str, Tensor
     return config, state
 
 
-def hf_tokenizer_path(path_or_name: str) -> str:
-    """Path of the checkpoint's ``tokenizer.json`` (for ``tokenizers.Tokenizer.from_file``), fetching only it."""
-    directory = _local_dir(path_or_name) or _snapshot(path_or_name, TOKENIZER_PATTERNS, "model.tokenizer")
-    path = directory / "tokenizer.json"
-    if not path.is_file():
-        raise ConfigError("model.tokenizer", f"no tokenizer.json in {directory} ({path_or_name!r})")
-    return str(path)
-
-
 # ---------------------------------------------------------------------------------------------- model
 
 
-def _apply_overrides(config: ModelConfig, overrides: dict[str, Any]) -> ModelConfig:
+def apply_overrides(config: ModelConfig, overrides: dict[str, Any]) -> ModelConfig:
     """Runtime fields override; architecture fields must agree with the checkpoint (a preset can be passed whole)."""
     merged = ModelConfig.from_dict(
         {**config.to_dict(), **overrides, "extra": {**config.extra, **(overrides.get("extra") or {})}}
@@ -476,17 +431,7 @@ def load_pretrained_into(model: GPT, state: Mapping[str, Tensor]) -> None:
 
 
 def from_hf(path_or_name: str, attention: Mapping[str, Any] | str = "vanilla", **overrides: Any) -> GPT:
-    """A ``GPT`` with the checkpoint's weights and the variant at its fine-tune init, so it computes what HF does.
+    """An HF checkpoint (hub name or directory) with ``attention`` at its fine-tune init (see ``finetune_init``)."""
+    from attnlab.models.builder import finetune_init
 
-    ``overrides`` are ModelConfig fields: runtime ones (dropout, block_size, ...) are applied; a smaller
-    ``block_size`` keeps the first rows of learned position embeddings.
-    """
-    config, state = load_hf_checkpoint(path_or_name)
-    config = _apply_overrides(config, overrides)
-    if "wpe.weight" in state:
-        state["wpe.weight"] = state["wpe.weight"][: config.block_size]
-    attention = {"name": attention} if isinstance(attention, str) else dict(attention)
-    model = GPT(config, attention)
-    load_pretrained_into(model, state)
-    model.init_variant_for_finetuning()
-    return model.eval()
+    return finetune_init(*load_hf_checkpoint(path_or_name), attention, overrides)

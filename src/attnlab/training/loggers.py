@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from lightning.pytorch.loggers import WandbLogger
 
-
-def wandb_mode() -> str:
-    """``WANDB_MODE`` if set; online when an API key is available; offline otherwise."""
-    if os.environ.get("WANDB_MODE"):
-        return os.environ["WANDB_MODE"]
-    return "online" if os.environ.get("WANDB_API_KEY") else "offline"
+from attnlab.hub import wandb_mode
 
 
 def wandb_logger(project: str, save_dir: str, group: str, tags: list[str], name: str) -> WandbLogger:

@@ -11,29 +11,25 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics.aggregation import MeanMetric
 
-from attnlab.errors import require_choice
-from attnlab.models import GPT, ModelConfig
-
-SCHEDULES = ("cosine", "constant")
+from attnlab.models import GPT
+from attnlab.runs import RECORD_KEY, OptimSpec
 
 
 class LanguageModel(L.LightningModule):
-    """Next-token prediction for a ``GPT`` built from plain config mappings (so checkpoints rebuild it exactly)."""
+    """Next-token prediction for a ``GPT`` built by ``attnlab.models.build_gpt``; every checkpoint it saves carries
+    the run's record (spec, tokenizer, data identity), so ``attnlab.runs`` reads it back without Lightning."""
 
-    def __init__(
-        self,
-        model: dict[str, Any],
-        attention: dict[str, Any],
-        optim: dict[str, Any],
-        pretrained: GPT | None = None,
-    ) -> None:
-        """``pretrained``: an already-built GPT (fine-tuning) whose config equals ``model``; not saved as hparam."""
+    def __init__(self, model: GPT, optim: OptimSpec, schedule_steps: int, run_record: dict[str, Any]) -> None:
+        """``schedule_steps``: the schedule's horizon, fixed when the run starts (a resumed run keeps it)."""
         super().__init__()
-        self.save_hyperparameters(ignore=["pretrained"])
-        require_choice(optim.get("schedule", "cosine"), SCHEDULES, "optim.schedule")
-        self.model = pretrained if pretrained is not None else GPT(ModelConfig.from_dict(dict(model)), dict(attention))
-        self.optim = dict(optim)
+        self.model = model
+        self.optim = optim
+        self.schedule_steps = schedule_steps
+        self.run_record = run_record
         self.val_loss = MeanMetric()
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint[RECORD_KEY] = self.run_record
 
     def forward(self, idx: Tensor, start_pos: int = 0) -> Tensor:
         return self.model(idx, start_pos)
@@ -86,23 +82,24 @@ class LanguageModel(L.LightningModule):
             else:
                 no_decay.append(param)
         groups = [
-            {"params": decay, "weight_decay": cfg["weight_decay"], "name": "decay"},
+            {"params": decay, "weight_decay": cfg.weight_decay, "name": "decay"},
             {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"},
         ]
         if variant_params:
-            temperature_lr = self.hparams.attention.get("temperature_lr") or cfg["lr"]
+            temperature_lr = self.model.attention_config.get("temperature_lr") or cfg.lr
             groups.append({"params": variant_params, "weight_decay": 0.0, "lr": temperature_lr, "name": "variant"})
-        optimizer = torch.optim.AdamW(
-            groups, lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]), eps=cfg.get("eps", 1e-8)
-        )
-        total = self.trainer.estimated_stepping_batches
-        schedule = warmup_cosine(cfg["warmup_steps"], int(total), cfg["min_lr_ratio"], cfg.get("schedule", "cosine"))
+        optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+        # The horizon comes from the run, never from trainer.estimated_stepping_batches: reading that reloads the
+        # dataloader and drops a stateful loader's restored position (Lightning issue #20550).
+        schedule = warmup_cosine(cfg.warmup_steps, self.schedule_steps, cfg.min_lr_ratio, cfg.schedule)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
 def warmup_cosine(warmup_steps: int, total_steps: int, min_ratio: float, kind: str = "cosine"):
-    """Linear warmup, then cosine decay to ``min_ratio`` of the peak (or constant, the fine-tuning setting)."""
+    """Linear warmup, then cosine decay to ``min_ratio`` of the peak and flat after ``total_steps`` (or constant,
+    the fine-tuning setting). A factor of each group's own lr: torch's CosineAnnealingLR takes one absolute
+    ``eta_min`` for all groups, which the variant group's separate lr would not follow."""
 
     def factor(step: int) -> float:
         if step < warmup_steps:

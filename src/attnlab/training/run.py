@@ -6,65 +6,30 @@ import json
 import logging
 import math
 import time
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
 
 import lightning as L
 import torch
-from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
-from lightning.pytorch.utilities import rank_zero_only
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from attnlab.data import TextDataModule
 from attnlab.errors import ConfigError, require
-from attnlab.models import GPT, ModelConfig
+from attnlab.models import GPT, ModelConfig, build_gpt
+from attnlab.runs import (
+    check_resume,
+    load_checkpoint,
+    output_dir,
+    plain,
+    record,
+    remove_stub,
+    validate_train_config,
+)
 from attnlab.training.module import LanguageModel
 
 log = logging.getLogger(__name__)
-
-
-def container(node: Any) -> Any:
-    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
-
-
-def output_dir(cfg: DictConfig) -> Path:
-    """The run's own directory: Hydra's when running under it, else ``paths.output_dir``."""
-    if HydraConfig.initialized():
-        return Path(HydraConfig.get().runtime.output_dir)
-    return Path(cfg.paths.output_dir)
-
-
-def model_and_attention(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any], GPT | None]:
-    """Model config, attention config and (when fine-tuning) the pretrained model they describe."""
-    ckpt_path = cfg.get("ckpt_path")
-    if ckpt_path:
-        require(Path(ckpt_path).is_file(), "ckpt_path", f"no checkpoint at {ckpt_path}")
-        hparams = torch.load(ckpt_path, map_location="cpu", weights_only=False, mmap=True)["hyper_parameters"]
-        log.info("Resuming %s: model and attention come from the checkpoint", ckpt_path)
-        return dict(hparams["model"]), dict(hparams["attention"]), None
-    model, attention = container(cfg.model), container(cfg.attention)
-    if model.get("init_from"):
-        from attnlab.models.hf import from_hf, parse_init_from
-
-        # the architecture and tokenizer are the checkpoint's; dropout and the head mask are ours to set
-        source = parse_init_from(model["init_from"])
-        pretrained = from_hf(source, attention=attention, dropout=model["dropout"], head_mask=model.get("head_mask"))
-        converted = pretrained.config.to_dict()
-        if model.get("tokenizer") not in (None, converted["tokenizer"]):
-            log.warning("model.tokenizer=%s ignored: %s brings its own tokenizer", model["tokenizer"], source)
-        converted["init_from"] = None
-        converted["extra"] = {**converted.get("extra", {}), "init_from": model["init_from"]}
-        return converted, attention, pretrained
-    ModelConfig.from_dict(model)  # validate early, before any data work
-    return model, attention, None
-
-
-def resumed_step(ckpt_path: str | None) -> int:
-    """The optimizer step a resumed run starts from (0 for a fresh one)."""
-    if not ckpt_path:
-        return 0
-    return int(torch.load(ckpt_path, map_location="cpu", weights_only=False, mmap=True)["global_step"])
 
 
 def build_datamodule(cfg: DictConfig, model: dict[str, Any]) -> TextDataModule:
@@ -83,38 +48,71 @@ def steps_for_tokens(cfg: DictConfig, world_size: int) -> int:
     return math.ceil(cfg.train_tokens / per_step)
 
 
-def run(cfg: DictConfig) -> dict[str, Any]:
-    """Train one model; returns (and writes to ``results.json``) the final metrics."""
+def run(cfg: DictConfig, evaluate: Callable[[str], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Train one model; returns (and writes to ``results.json``) the final metrics.
+
+    ``evaluate``: called with the best (else last) checkpoint when training ends; its summary joins the results.
+    """
+    optim = validate_train_config(cfg)
     L.seed_everything(cfg.seed, workers=True)
     out = output_dir(cfg)
-    model_cfg, attention, pretrained = model_and_attention(cfg)
+    request, attention = plain(cfg.model), plain(cfg.attention)
+    resumed = load_checkpoint(cfg.ckpt_path) if cfg.get("ckpt_path") else None
+    if resumed is not None:
+        check_resume(resumed, request, attention, asdict(optim))
+        log.info("Resuming %s at step %d", resumed.path, resumed.global_step)
+        model_cfg, attention = dict(resumed.spec["model"]), dict(resumed.spec["attention"])
+        pretrained = None
+    elif request.get("init_from"):
+        pretrained = build_gpt(request, attention)  # architecture and tokenizer are the source's
+        model_cfg = pretrained.config.to_dict()
+        if request.get("tokenizer") not in (None, model_cfg["tokenizer"]):
+            log.warning(
+                "model.tokenizer=%s ignored: %s brings its own tokenizer", request["tokenizer"], request["init_from"]
+            )
+    else:
+        model_cfg, pretrained = dict(request), None
+        ModelConfig.from_dict(model_cfg)  # validate early, before any data work
     datamodule = build_datamodule(cfg, model_cfg)
     datamodule.prepare_data()
-    if rank_zero_only.rank == 0:  # evaluation finds the tokenizer next to the checkpoints
-        out.mkdir(parents=True, exist_ok=True)
-        datamodule.tokenizer.save(str(out / "tokenizer.json"))
+    tokenizer = datamodule.tokenizer
+    if resumed is not None and resumed.tokenizer_json is not None:
+        require(
+            tokenizer.get_vocab() == resumed.tokenizer.get_vocab(),
+            "data.tokenizer",
+            f"the data's tokenizer differs from the one {resumed.path} was trained with",
+        )
     vocab = datamodule.vocab_size
-    if model_cfg.get("tokenizer") or pretrained is not None:
+    if model_cfg.get("tokenizer") or pretrained is not None or resumed is not None:
         size = model_cfg["vocab_size"]
         require(vocab <= size, "model.vocab_size", f"{size} is smaller than the tokenizer's {vocab} tokens")
     else:
         model_cfg["vocab_size"] = vocab
-    module = LanguageModel(model_cfg, attention, container(cfg.optim), pretrained=pretrained)
-    module.model.set_token_frequencies(torch.from_numpy(datamodule.token_counts))
-    log.info(describe_model(module.model, attention))
+    model = pretrained or build_gpt(model_cfg, attention)
+    model.set_token_frequencies(torch.from_numpy(datamodule.token_counts))
+    log.info(describe_model(model, attention))
 
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
     loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
     if cfg.get("train_tokens"):
         trainer.fit_loop.epoch_loop.max_steps = steps_for_tokens(cfg, trainer.world_size)
+    horizon = (resumed and resumed.spec.get("schedule_steps")) or trainer.max_steps
+    spec = {
+        "model": model.config.to_dict(),
+        "model_request": request,
+        "attention": attention,
+        "optim": asdict(optim),
+        "schedule_steps": horizon,
+    }
+    module = LanguageModel(model, optim, horizon, record(spec, tokenizer, plain(cfg.data)))
     for logger in loggers:
-        logger.log_hyperparams(container(cfg))
+        logger.log_hyperparams(plain(cfg))
 
     unigram = datamodule.unigram_perplexity()
     log.info("Unigram baseline (add-one, training counts) validation perplexity: %.1f", unigram)
     started = time.perf_counter()
-    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"), weights_only=True)
     seconds = time.perf_counter() - started
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if torch.as_tensor(v).numel() == 1}
@@ -123,7 +121,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         cfg.data.batch_size * cfg.data.block_size * cfg.trainer.accumulate_grad_batches * trainer.world_size
     )
     tokens = trainer.global_step * tokens_per_step  # all the model has seen, the resumed-from steps included
-    tokens_this_run = (trainer.global_step - resumed_step(cfg.get("ckpt_path"))) * tokens_per_step
+    tokens_this_run = (trainer.global_step - (resumed.global_step if resumed else 0)) * tokens_per_step
     results = {
         "experiment": cfg.experiment_name,
         "model": model_cfg["name"],
@@ -136,15 +134,15 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "run_tokens": tokens_this_run,
         "train_seconds": seconds,
         "tokens_per_second": tokens_this_run / seconds if seconds > 0 else None,
-        "parameters": module.model.num_parameters(),
+        "parameters": model.num_parameters(),
         "best_checkpoint": getattr(checkpoint, "best_model_path", None) or None,
         "last_checkpoint": getattr(checkpoint, "last_model_path", None) or None,
         "output_dir": str(out),
     }
-    if trainer.is_global_zero and cfg.get("eval") and cfg.eval.get("after_train"):
-        from attnlab.eval.harness import evaluate_after_training
-
-        results["eval"] = evaluate_after_training(cfg, results["best_checkpoint"] or results["last_checkpoint"], out)
+    if trainer.is_global_zero and evaluate is not None:
+        target = results["best_checkpoint"] or results["last_checkpoint"]
+        require(target is not None, "eval.after_train", "training saved no checkpoint to evaluate")
+        results["eval"] = evaluate(target)
     if trainer.is_global_zero:
         (out / "results.json").write_text(json.dumps(results, indent=2))
         print(summary(results))
@@ -173,11 +171,13 @@ def summary(results: dict[str, Any]) -> str:
     )
 
 
-def main(cfg: DictConfig) -> dict[str, Any]:
-    """Hydra task: a bad config prints one line naming the key and exits 2; W&B is closed after every run."""
+def main(cfg: DictConfig, evaluate: Callable[[str], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Hydra task: a bad config prints one line naming the key and exits non-zero, leaving no run directory
+    behind; W&B is closed after every run."""
     try:
-        return run(cfg)
+        return run(cfg, evaluate)
     except ConfigError as exc:
+        remove_stub(output_dir(cfg))
         raise SystemExit(f"error: {exc}") from None
     finally:
         import wandb

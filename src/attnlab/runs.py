@@ -1,0 +1,262 @@
+"""A run's layout, in one place: what a checkpoint carries, how it is read back, and the typed run spec.
+
+Training stores a record inside every Lightning checkpoint (``checkpoint[RECORD_KEY]``): the run spec (model,
+attention, optimiser and schedule horizon as plain dicts), the tokenizer (its JSON) and the data identity (what
+rebuilds the held-out split). ``load_checkpoint`` reads it back with one ``torch.load(weights_only=True)`` and no
+Lightning, so a checkpoint copied alone anywhere evaluates, fine-tunes or resumes, and no code inside it runs.
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+import shutil
+import zipfile
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+from tokenizers import Tokenizer
+from torch import Tensor
+
+from attnlab.errors import ConfigError, require, require_choice
+
+if TYPE_CHECKING:
+    from attnlab.models import GPT
+
+RECORD_KEY = "attnlab"
+RECORD_FORMAT = 1
+MODEL_PREFIX = "model."  # the LightningModule holds the GPT as ``self.model``
+# Data settings that do not change which documents are held out or how they are tokenized.
+DATA_RUNTIME_KEYS = ("_target_", "batch_size", "num_workers", "cache_dir", "shuffle_seed", "shuffle_buffer")
+SCHEDULES = ("cosine", "constant")
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=,+-]*")
+
+
+# ------------------------------------------------------------------------------------------------ directories
+
+
+def plain(node: Any) -> Any:
+    """A resolved config node as plain Python (dicts and lists), what specs and checkpoints hold."""
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+
+
+def output_dir(cfg: DictConfig) -> Path:
+    """The run's own directory: Hydra's when running under it, else ``paths.output_dir``."""
+    if HydraConfig.initialized():
+        return Path(HydraConfig.get().runtime.output_dir)
+    return Path(cfg.paths.output_dir)
+
+
+def remove_stub(directory: Path) -> None:
+    """Remove a run directory that holds nothing but what Hydra wrote before the task failed (config, log)."""
+    if not directory.is_dir():
+        return
+    entries = list(directory.iterdir())
+    if all(entry.name == ".hydra" or (entry.is_file() and entry.suffix == ".log") for entry in entries):
+        shutil.rmtree(directory)
+
+
+# ------------------------------------------------------------------------------------------------ run spec
+
+
+@dataclass(frozen=True)
+class OptimSpec:
+    """AdamW and its warmup + cosine schedule; ``__post_init__`` checks every range with the key's name."""
+
+    lr: float = 2e-3
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    warmup_steps: int = 30
+    min_lr_ratio: float = 0.1
+    schedule: str = "cosine"
+
+    def __post_init__(self) -> None:
+        require(self.lr > 0, "optim.lr", f"must be a positive number, got {self.lr}")
+        for key in ("beta1", "beta2"):
+            value = getattr(self, key)
+            require(0 <= value < 1, f"optim.{key}", f"must be in [0, 1), got {value}")
+        require(self.eps > 0, "optim.eps", f"must be a positive number, got {self.eps}")
+        require(self.weight_decay >= 0, "optim.weight_decay", f"must be >= 0, got {self.weight_decay}")
+        require(self.warmup_steps >= 0, "optim.warmup_steps", f"must be an integer >= 0, got {self.warmup_steps}")
+        require(0 <= self.min_lr_ratio <= 1, "optim.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
+        require_choice(self.schedule, SCHEDULES, "optim.schedule")
+
+
+def typed(value: Any, kind: type, key: str, allowed: str) -> Any:
+    """``value`` as ``kind`` (an int may stand for a float, a bool for nothing else), or a ConfigError."""
+    ok = isinstance(value, kind) and not isinstance(value, bool)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    require(ok, key, f"{allowed}, got {value!r}")
+    return value
+
+
+def optim_spec(values: dict[str, Any]) -> OptimSpec:
+    """The optimiser section, typed: unknown keys and values of the wrong type are errors naming the key."""
+    known = {f.name: f for f in fields(OptimSpec)}
+    unknown = sorted(set(values) - set(known))
+    require(not unknown, f"optim.{unknown[0] if unknown else ''}", f"unknown key; allowed: {', '.join(known)}")
+    kinds = {"float": float, "int": int, "str": str}
+    checked = {
+        key: typed(value, kinds[known[key].type], f"optim.{key}", f"must be a {known[key].type}")
+        for key, value in values.items()
+    }
+    return OptimSpec(**checked)
+
+
+def check_trainer(trainer: DictConfig | dict[str, Any]) -> None:
+    """The trainer values Lightning would reject with a traceback (or accept and do nothing with)."""
+    max_steps = typed(trainer.get("max_steps"), int, "trainer.max_steps", "must be a positive integer")
+    require(max_steps > 0, "trainer.max_steps", f"must be a positive integer, got {max_steps}")
+    accumulate = typed(
+        trainer.get("accumulate_grad_batches", 1), int, "trainer.accumulate_grad_batches", "must be an integer >= 1"
+    )
+    require(accumulate >= 1, "trainer.accumulate_grad_batches", f"must be an integer >= 1, got {accumulate}")
+    interval = trainer.get("val_check_interval")
+    if interval is not None:
+        allowed = "must be a positive number of steps or a fraction of an epoch in (0, 1]"
+        if isinstance(interval, float):
+            require(0 < interval <= 1, "trainer.val_check_interval", f"{allowed}, got {interval}")
+        else:
+            interval = typed(interval, int, "trainer.val_check_interval", allowed)
+            require(interval > 0, "trainer.val_check_interval", f"{allowed}, got {interval}")
+
+
+def validate_train_config(cfg: DictConfig) -> OptimSpec:
+    """Everything ``train.py`` can check before it writes anything; returns the typed optimiser spec."""
+    typed(cfg.get("seed"), int, "seed", "must be an integer")
+    name = str(cfg.get("experiment_name"))
+    require(
+        SAFE_NAME.fullmatch(name) is not None and ".." not in name,
+        "experiment_name",
+        f"a plain directory name (letters, digits, . _ = , + -; no '/' or '..'), got {name!r}",
+    )
+    batch_size = typed(cfg.data.get("batch_size"), int, "data.batch_size", "must be a positive integer")
+    require(batch_size > 0, "data.batch_size", f"must be a positive integer, got {batch_size}")
+    check_trainer(cfg.trainer)
+    ckpt_path = cfg.get("ckpt_path")
+    if ckpt_path:
+        require(Path(ckpt_path).is_file(), "ckpt_path", f"no checkpoint file at {ckpt_path}")
+    return optim_spec(plain(cfg.optim))
+
+
+# ------------------------------------------------------------------------------------------------ checkpoints
+
+
+def data_identity(data: dict[str, Any]) -> dict[str, Any]:
+    """What decides the documents and their split: a data config without its batch and cache settings."""
+    return {key: value for key, value in data.items() if key not in DATA_RUNTIME_KEYS}
+
+
+def record(spec: dict[str, Any], tokenizer: Tokenizer, data: dict[str, Any]) -> dict[str, Any]:
+    """The entry training adds to each checkpoint (plain types only, so ``weights_only`` loading reads it)."""
+    return {"format": RECORD_FORMAT, "spec": spec, "tokenizer": tokenizer.to_str(), "data": data_identity(data)}
+
+
+@dataclass(frozen=True)
+class RunCheckpoint:
+    """One of our checkpoints, read without Lightning: enough to rebuild, evaluate, fine-tune from or resume it."""
+
+    path: Path
+    spec: dict[str, Any]  # model (the built architecture), model_request, attention, optim, schedule_steps
+    tokenizer_json: str | None
+    data: dict[str, Any]
+    state_dict: dict[str, Tensor] = field(repr=False)  # the GPT's own parameter names
+    global_step: int = 0
+    legacy: bool = False  # written before checkpoints carried their record
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        if self.tokenizer_json is None:
+            raise ConfigError(
+                "tokenizer",
+                f"{self.path} predates checkpoints that carry their tokenizer and no tokenizer.json is in its run "
+                "directory; pass tokenizer=<path to tokenizer.json>",
+            )
+        return Tokenizer.from_str(self.tokenizer_json)
+
+    def build_model(self) -> GPT:
+        """The exact model the run trained: its architecture, attention variant and weights."""
+        from attnlab.models.builder import build_gpt
+
+        return build_gpt(self.spec["model"], self.spec["attention"], weights=self.state_dict)
+
+
+def read_checkpoint_file(path: Path) -> dict[str, Any]:
+    """One ``torch.load`` with ``weights_only=True``: tensors and plain data only, never code from the file."""
+    require(path.is_file(), "ckpt_path", f"no checkpoint file at {path}")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError:
+        raise ConfigError(
+            "ckpt_path", f"{path} holds objects other than tensors and plain data; refusing to load it"
+        ) from None
+    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile):
+        raise ConfigError("ckpt_path", f"{path} is not a readable checkpoint (truncated or corrupt)") from None
+
+
+def load_checkpoint(path: str | Path) -> RunCheckpoint:
+    """Our checkpoint at ``path``; one written before the record existed is read from its run directory."""
+    path = Path(path)
+    raw = read_checkpoint_file(path)
+    require("state_dict" in raw, "ckpt_path", f"{path} is not an attnlab training checkpoint (no state_dict)")
+    weights = {
+        key.removeprefix(MODEL_PREFIX): value
+        for key, value in raw["state_dict"].items()
+        if key.startswith(MODEL_PREFIX)
+    }
+    step = int(raw.get("global_step", 0))
+    if RECORD_KEY in raw:
+        saved = raw[RECORD_KEY]
+        return RunCheckpoint(path, saved["spec"], saved["tokenizer"], saved["data"], weights, step)
+    return legacy_checkpoint(path, raw, weights, step)
+
+
+def legacy_checkpoint(path: Path, raw: dict[str, Any], weights: dict[str, Tensor], step: int) -> RunCheckpoint:
+    """Before the record: hyperparameters in the checkpoint, tokenizer and data config in the run directory."""
+    hparams = raw.get("hyper_parameters")
+    require(
+        isinstance(hparams, dict) and {"model", "attention"} <= set(hparams),
+        "ckpt_path",
+        f"{path} carries neither attnlab's record nor its hyperparameters; it was not written by train.py",
+    )
+    run_dir = path.resolve().parent.parent
+    tokenizer_file = run_dir / "tokenizer.json"
+    tokenizer_json = tokenizer_file.read_text() if tokenizer_file.is_file() else None
+    if tokenizer_json is None and hparams["model"].get("tokenizer"):
+        from attnlab.data.tokenizer import load_pretrained_tokenizer
+
+        tokenizer_json = load_pretrained_tokenizer(hparams["model"]["tokenizer"]).to_str()
+    config_file = run_dir / ".hydra" / "config.yaml"
+    data = OmegaConf.load(config_file).get("data") if config_file.is_file() else None
+    data = data_identity(OmegaConf.to_container(data)) if data is not None else {}
+    spec = {
+        "model": dict(hparams["model"]),
+        "model_request": None,
+        "attention": dict(hparams["attention"]),
+        "optim": dict(hparams.get("optim") or {}),
+        "schedule_steps": None,
+    }
+    return RunCheckpoint(path, spec, tokenizer_json, data, weights, step, legacy=True)
+
+
+def check_resume(saved: RunCheckpoint, model: dict[str, Any], attention: dict[str, Any], optim: dict[str, Any]) -> None:
+    """Resuming continues the same run: a different model, attention or optimiser is an error naming the key."""
+    sections = [("attention", attention, saved.spec["attention"]), ("optim", optim, saved.spec["optim"])]
+    if saved.spec.get("model_request") is not None:  # legacy checkpoints kept only the built model
+        sections.insert(0, ("model", model, saved.spec["model_request"]))
+    for section, ours, theirs in sections:
+        for key in sorted(set(ours) | set(theirs), key=lambda k: (k != "name", k)):  # a new variant: name first
+            if ours.get(key) != theirs.get(key):
+                raise ConfigError(
+                    f"{section}.{key}",
+                    f"{ours.get(key)!r} differs from the resumed checkpoint's {theirs.get(key)!r}; resuming "
+                    f"(ckpt_path=) continues the same run. To fine-tune from it instead, pass "
+                    f"model.init_from={saved.path}",
+                )
