@@ -34,6 +34,7 @@ from attnlab.eval.analysis import (
 from attnlab.eval.analysis.outliers import ActivationQuantizer, quantize_weight_
 from attnlab.eval.analysis.pruning import write_pruning_csv
 from attnlab.models import GPT, ModelConfig
+from attnlab.runs import OptimSpec
 from attnlab.training.module import LanguageModel
 
 VOCAB, T = 61, 24
@@ -330,7 +331,7 @@ def test_run_analysis_writes_every_applicable_file(attention: str, tokenizer, tm
     tok, text = tokenizer
     config = ModelConfig(n_layer=2, n_head=2, n_embd=16, block_size=32, vocab_size=tok.get_vocab_size())
     torch.manual_seed(0)
-    module = LanguageModel(config.to_dict(), {"name": attention}, {}, pretrained=GPT(config, {"name": attention}))
+    module = LanguageModel(GPT(config, {"name": attention}), OptimSpec(), schedule_steps=1, run_record={})
     cfg = {"texts": [text, text[:200]], "max_tokens": 50, "eval_max_tokens": 160, "batch_size": 8, "prune_step": 0.5}
     cfg["calibration_tokens"] = torch.arange(100) % 50  # a stream longer than the context: cut into rows
     result = run_analysis(module, tok, tmp_path, cfg)

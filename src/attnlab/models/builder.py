@@ -58,7 +58,6 @@ def pretrained_weights(init_from: str) -> tuple[ModelConfig, dict[str, Tensor]]:
     config = ModelConfig.from_dict(run.spec["model"])
     config.tokenizer = config.tokenizer or str(Path(init_from).resolve())  # else the tokenizer inside the ckpt
     config.init_from = init_from
-    config.extra = {**config.extra, "init_from": init_from}
     return config, {key: value for key, value in run.state_dict.items() if not NOT_IN_CHECKPOINT.search(key)}
 
 
@@ -71,6 +70,7 @@ def finetune_init(
     ``block_size`` keeps the first rows of learned position embeddings.
     """
     config = apply_overrides(config, overrides)
+    config.extra = {**config.extra, "init_from": config.init_from}  # provenance, kept in every later checkpoint
     if "wpe.weight" in state:
         state["wpe.weight"] = state["wpe.weight"][: config.block_size]
     attention = {"name": attention} if isinstance(attention, str) else dict(attention)
