@@ -4,11 +4,13 @@ import hydra
 from omegaconf import DictConfig
 
 import attnlab.resolvers  # noqa: F401  (registers ${run_id:} before Hydra composes the config)
-from attnlab.eval.run import main as run_evaluation
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")
 def main(cfg: DictConfig) -> None:
+    """Evaluation is imported here, after Hydra's config checks, so a bad value fails in a second."""
+    from attnlab.eval.run import main as run_evaluation
+
     run_evaluation(cfg)
 
 

@@ -134,3 +134,30 @@ def test_multirun_sweep_gives_one_directory_per_job_and_a_comparison_table(tmp_p
     assert table.returncode == 0, table.stderr
     rows = (tmp_path / "table" / "table.md").read_text().splitlines()[2:]
     assert [row.split("|")[1].strip() for row in rows] == ["vanilla", "gated_sdpa"]
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("seed=abc", "seed"),
+        ("optim.lr=abc", "optim.lr"),
+        ("data.batch_size=0", "data.batch_size"),
+        ("trainer.val_check_interval=0", "trainer.val_check_interval"),
+        ("trainer.accumulate_grad_batches=0", "trainer.accumulate_grad_batches"),
+        ("optim.min_lr_ratio=2", "optim.min_lr_ratio"),
+        ("optim.weight_decay=-1", "optim.weight_decay"),
+        ("trainer.max_steps=0", "trainer.max_steps"),
+        ("experiment_name=../../x", "experiment_name"),
+        ("ckpt_path=/nonexistent/last.ckpt", "ckpt_path"),
+    ],
+)
+def test_cli_bad_value_is_one_line_and_writes_nothing(tmp_path: Path, override: str, key: str) -> None:
+    """Checked before Hydra creates the run directory: started from a/b, nothing appears anywhere under tmp_path."""
+    start = tmp_path / "a" / "b"
+    start.mkdir(parents=True)
+    command = [sys.executable, str(ROOT / "train.py"), f"paths.cache_dir={tmp_path}/cache", override]
+    done = subprocess.run(command, cwd=start, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines()[-1].startswith(f"error: {key}: ")
+    assert "Traceback" not in done.stderr
+    assert [p for p in tmp_path.rglob("*") if p not in (tmp_path / "a", start)] == []

@@ -8,16 +8,20 @@ Lightning, so a checkpoint copied alone anywhere evaluates, fine-tunes or resume
 
 from __future__ import annotations
 
+import json
+import math
 import pickle
 import re
 import shutil
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from tokenizers import Tokenizer
 from torch import Tensor
@@ -128,8 +132,8 @@ def check_trainer(trainer: DictConfig | dict[str, Any]) -> None:
             require(interval > 0, "trainer.val_check_interval", f"{allowed}, got {interval}")
 
 
-def validate_train_config(cfg: DictConfig) -> OptimSpec:
-    """Everything ``train.py`` can check before it writes anything; returns the typed optimiser spec."""
+def check_common(cfg: DictConfig) -> None:
+    """What both entry points check: the seed, a run directory that stays under outputs/, the checkpoint."""
     typed(cfg.get("seed"), int, "seed", "must be an integer")
     name = str(cfg.get("experiment_name"))
     require(
@@ -137,13 +141,58 @@ def validate_train_config(cfg: DictConfig) -> OptimSpec:
         "experiment_name",
         f"a plain directory name (letters, digits, . _ = , + -; no '/' or '..'), got {name!r}",
     )
-    batch_size = typed(cfg.data.get("batch_size"), int, "data.batch_size", "must be a positive integer")
-    require(batch_size > 0, "data.batch_size", f"must be a positive integer, got {batch_size}")
-    check_trainer(cfg.trainer)
     ckpt_path = cfg.get("ckpt_path")
     if ckpt_path:
         require(Path(ckpt_path).is_file(), "ckpt_path", f"no checkpoint file at {ckpt_path}")
+
+
+def validate_train_config(cfg: DictConfig) -> OptimSpec:
+    """Everything ``train.py`` can check before it writes anything; returns the typed optimiser spec."""
+    check_common(cfg)
+    batch_size = typed(cfg.data.get("batch_size"), int, "data.batch_size", "must be a positive integer")
+    require(batch_size > 0, "data.batch_size", f"must be a positive integer, got {batch_size}")
+    check_trainer(cfg.trainer)
     return optim_spec(plain(cfg.optim))
+
+
+class ValidateBeforeWriting(Callback):
+    """Hydra callback: check a single run's config before Hydra creates its directory, so a bad value writes
+    nothing. (A sweep's jobs are checked by the task, which then removes the stub Hydra made.)"""
+
+    CHECKS: ClassVar[dict[str, Callable[[DictConfig], Any]]] = {
+        "train": validate_train_config,
+        "evaluate": check_common,
+    }
+
+    def __init__(self, entry: str) -> None:
+        require_choice(entry, tuple(self.CHECKS), "hydra.callbacks.validate.entry")
+        self.entry = entry
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            self.CHECKS[self.entry](config)
+        except ConfigError as exc:
+            raise SystemExit(f"error: {exc}") from None
+
+
+def write_results(path: Path, results: dict[str, Any]) -> None:
+    """``results.json`` as strict JSON: a NaN or infinite number becomes null and is listed under ``non_finite``."""
+    non_finite: list[str] = []
+
+    def finite(value: Any, key: str) -> Any:
+        if isinstance(value, dict):
+            return {k: finite(v, f"{key}.{k}" if key else str(k)) for k, v in value.items()}
+        if isinstance(value, list):
+            return [finite(v, f"{key}[{i}]") for i, v in enumerate(value)]
+        if isinstance(value, float) and not math.isfinite(value):
+            non_finite.append(key)
+            return None
+        return value
+
+    cleaned = finite(results, "")
+    if non_finite:
+        cleaned["non_finite"] = non_finite
+    path.write_text(json.dumps(cleaned, indent=2, allow_nan=False, default=str))
 
 
 # ------------------------------------------------------------------------------------------------ checkpoints

@@ -23,7 +23,7 @@ from attnlab.eval.heldout import heldout_dataset
 from attnlab.eval.lm import AttnlabLM
 from attnlab.eval.passkey import MAX_NEW_TOKENS, per_length_accuracy
 from attnlab.hub import wandb_mode
-from attnlab.runs import output_dir
+from attnlab.runs import output_dir, write_results
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +216,8 @@ def evaluate_suite(
     record.update(summary=row, seconds=time.perf_counter() - started)
     from lm_eval.utils import handle_non_serializable
 
-    (out_dir / "results.json").write_text(json.dumps(record, indent=2, default=handle_non_serializable))
+    plain_record = json.loads(json.dumps(record, default=handle_non_serializable))  # numpy values as Python's
+    write_results(out_dir / "results.json", plain_record)
     if results_csv is not None:
         append_csv(Path(results_csv), row)
     if wandb_cfg is not None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -26,6 +25,7 @@ from attnlab.runs import (
     record,
     remove_stub,
     validate_train_config,
+    write_results,
 )
 from attnlab.training.module import LanguageModel
 
@@ -144,7 +144,7 @@ def run(cfg: DictConfig, evaluate: Callable[[str], dict[str, Any]] | None = None
         require(target is not None, "eval.after_train", "training saved no checkpoint to evaluate")
         results["eval"] = evaluate(target)
     if trainer.is_global_zero:
-        (out / "results.json").write_text(json.dumps(results, indent=2))
+        write_results(out / "results.json", results)
         print(summary(results))
     return results
 
