@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import pickle
@@ -12,7 +13,7 @@ import torch
 
 from attnlab.errors import ConfigError
 from attnlab.models import GPT, ModelConfig, build_gpt
-from attnlab.runs import load_checkpoint
+from attnlab.runs import load_checkpoint, write_results
 from attnlab.training.module import warmup_cosine
 from attnlab.training.run import run
 from tests.conftest import MICRO_DATA, MICRO_MODEL, compose_config
@@ -126,3 +127,15 @@ def test_schedule_matches_the_formula_and_stays_flat_after_the_horizon() -> None
     assert factor(6) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 3 / 7)))
     assert factor(10) == factor(50) == pytest.approx(0.1)
     assert warmup_cosine(2, 10, 0.1, "constant")(9) == 1.0
+
+
+def test_results_json_is_strict_with_non_finite_values_flagged(tmp_path: Path) -> None:
+    path = tmp_path / "results.json"
+    write_results(path, {"val_loss": float("nan"), "eval": {"ppl": float("inf"), "acc": 0.5}, "steps": 3})
+    saved = json.loads(path.read_text(), parse_constant=lambda token: pytest.fail(f"bare {token}"))
+    assert saved == {
+        "val_loss": None,
+        "eval": {"ppl": None, "acc": 0.5},
+        "steps": 3,
+        "non_finite": ["val_loss", "eval.ppl"],
+    }
