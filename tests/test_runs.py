@@ -118,6 +118,7 @@ def test_resume_keeps_the_schedule_horizon_when_max_steps_grows(pretrained: Path
     resumed = load_checkpoint(out / "checkpoints" / "last.ckpt")
     assert results["steps"] == 8 and resumed.spec["schedule_steps"] == 4
     assert Path(results["last_checkpoint"]).parent == out / "checkpoints"
+    assert results["best_checkpoint"] is None or Path(results["best_checkpoint"]).parent == out / "checkpoints"
 
 
 def test_schedule_matches_the_formula_and_stays_flat_after_the_horizon() -> None:

@@ -7,6 +7,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -135,8 +136,8 @@ def run(cfg: DictConfig, evaluate: Callable[[str], dict[str, Any]] | None = None
         "train_seconds": seconds,
         "tokens_per_second": tokens_this_run / seconds if seconds > 0 else None,
         "parameters": model.num_parameters(),
-        "best_checkpoint": getattr(checkpoint, "best_model_path", None) or None,
-        "last_checkpoint": getattr(checkpoint, "last_model_path", None) or None,
+        "best_checkpoint": own_file(getattr(checkpoint, "best_model_path", None), out),
+        "last_checkpoint": own_file(getattr(checkpoint, "last_model_path", None), out),
         "output_dir": str(out),
     }
     if trainer.is_global_zero and evaluate is not None:
@@ -147,6 +148,14 @@ def run(cfg: DictConfig, evaluate: Callable[[str], dict[str, Any]] | None = None
         write_results(out / "results.json", results)
         print(summary(results))
     return results
+
+
+def own_file(path: str | None, run_dir: Path) -> str | None:
+    """``path`` if it exists inside this run's directory: a resumed run's ModelCheckpoint state still names the old
+    run's best checkpoint until this run improves on it."""
+    if not path or not Path(path).is_file():
+        return None
+    return path if Path(path).resolve().is_relative_to(run_dir.resolve()) else None
 
 
 def describe_model(model: GPT, attention: dict[str, Any]) -> str:
