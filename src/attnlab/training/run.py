@@ -44,6 +44,8 @@ def model_and_attention(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]
         log.info("Resuming %s: model and attention come from the checkpoint", ckpt_path)
         return dict(hparams["model"]), dict(hparams["attention"]), None
     model, attention = container(cfg.model), container(cfg.attention)
+    if str(model.get("init_from") or "").endswith(".ckpt"):
+        return from_our_checkpoint(model, attention)
     if model.get("init_from"):
         from attnlab.models.hf import from_hf, parse_init_from
 
@@ -58,6 +60,27 @@ def model_and_attention(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]
         return converted, attention, pretrained
     ModelConfig.from_dict(model)  # validate early, before any data work
     return model, attention, None
+
+
+def from_our_checkpoint(model: dict[str, Any], attention: dict[str, Any]) -> tuple[dict, dict, GPT]:
+    """``model.init_from=<run>/checkpoints/last.ckpt``: fine-tune one of our runs with the configured variant
+    at its fine-tune init; architecture and tokenizer (``<run>/tokenizer.json``) are the checkpoint's.
+
+    Minimal stand-in for the table engine's fine-tune stage (the ``runs`` module replaces it)."""
+    from attnlab.models.hf import NOT_IN_CHECKPOINT, load_pretrained_into
+
+    path = Path(model["init_from"])
+    require(path.is_file(), "model.init_from", f"no checkpoint at {path}")
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    converted = {**checkpoint["hyper_parameters"]["model"], "dropout": model["dropout"], "init_from": None}
+    converted["tokenizer"] = str(path.resolve().parent.parent / "tokenizer.json")
+    converted["extra"] = {**converted.get("extra", {}), "init_from": str(path)}
+    pretrained = GPT(ModelConfig.from_dict(converted), attention)
+    weights = {k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")}
+    state = {k: v for k, v in weights.items() if not NOT_IN_CHECKPOINT.search(k)}  # the variant's own start fresh
+    load_pretrained_into(pretrained, state)
+    pretrained.init_variant_for_finetuning()
+    return converted, attention, pretrained
 
 
 def resumed_step(ckpt_path: str | None) -> int:
