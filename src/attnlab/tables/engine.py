@@ -84,6 +84,10 @@ class Engine:
         HydraConfig.instance().set_config(cfg)
         return cfg
 
+    def stages(self) -> list[str]:
+        """The table's stages that run at this scale (e.g. paper-scale fine-tuning starts from the hub)."""
+        return list(self.settings.get("stages") or self.table["stages"])
+
     def stage_overrides(self, stage: str, model: str) -> list[str]:
         common = [*self.settings.get("overrides", []), *self.settings.get("stage_overrides", {}).get(stage, [])]
         salt = [f"+cell_salt={self.salt}"] if self.force else []
@@ -100,9 +104,10 @@ class Engine:
     def cells(self) -> list[Cell]:
         """Every cell of every stage, in stage order; composing them also validates the whole table's config."""
         cells: dict[tuple, Cell] = {}
-        for stage in self.table["stages"]:
+        for stage in self.stages():
+            variants = (self.table["stages"][stage] or {}).get("variants") or self.table["variants"]
             for row, model in self.settings["rows"].items():
-                for attention in self.table["variants"]:
+                for attention in variants:
                     for seed in self.settings["seeds"]:
                         overrides = [
                             *self.stage_overrides(stage, model),
@@ -179,7 +184,7 @@ class Engine:
 
     def train(self, cells: list[Cell]) -> None:
         """Run each stage's pending cells; a failed sweep stops the table with the cells it left unfinished."""
-        for stage in self.table["stages"]:
+        for stage in self.stages():
             pending = [c for c in cells if c.stage == stage and not c.finished]
             for group in self.launch_groups(pending):
                 command = self.sweep_command(group)
