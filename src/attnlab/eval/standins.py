@@ -7,6 +7,7 @@ documents, scored with acc_norm). Both are lm-eval tasks, so they run through th
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 from typing import Any
@@ -37,7 +38,7 @@ def lastword_dataset(**metadata: Any) -> DatasetDict:
     """Two consecutive sentences; the target is the final word of the second (LAMBADA-style, no hub)."""
     rows = []
     for sentences in heldout_sentences(metadata):
-        for previous, sentence in zip(sentences, sentences[1:], strict=False):
+        for previous, sentence in itertools.pairwise(sentences):
             match = LAST_WORD.match(sentence)
             if match:
                 rows.append({"context": f"{previous} {match['context']}", "target": f" {match['word']}"})
@@ -52,7 +53,7 @@ def continuation_dataset(**metadata: Any) -> DatasetDict:
     rows = []
     for index, sentences in enumerate(documents):
         others = [i for i in range(len(documents)) if i != index]
-        for context, ending in zip(sentences, sentences[1:], strict=False):
+        for context, ending in itertools.pairwise(sentences):
             distractors = [rng.choice(documents[i][1:]) for i in rng.sample(others, CHOICES - 1)]
             label = rng.randrange(CHOICES)
             choices = [*distractors[:label], ending, *distractors[label:]]

@@ -58,7 +58,8 @@ def summarise(records: list[dict[str, Any]], table: dict[str, Any], scale: str) 
             rows.append(
                 {"stage": stage, "row": row, "model": group["model"].iloc[0], "attention": attention}
                 | {"column": column["paper"], "metric": ours, "standin": column["standin"], "seeds": len(values)}
-                | {"mean": values.mean() if len(values) else None, "std": values.std(ddof=1) if len(values) > 1 else None}
+                | {"mean": values.mean() if len(values) else None}
+                | {"std": values.std(ddof=1) if len(values) > 1 else None}
                 | {"paper": paper_value(table, stage, row, attention, index)}
             )
     return pd.DataFrame(rows)
