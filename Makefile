@@ -5,9 +5,15 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 ARGS ?=
 SCALE ?= cpu
+FORCE ?=
+LAUNCHER ?=
+# the table engine: SCALE=smoke|cpu|paper, FORCE=1 (fresh cells), ARGS (train.py overrides), LAUNCHER (Hydra's)
+TABLE = $(PY) experiments/reproduce_table.py scale=$(SCALE) force=$(if $(FORCE),true,false) "args='$(ARGS)'" \
+	"launcher='$(LAUNCHER)'"
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-slow lint format bench reproduce-table1 reproduce-table2 clean
+.PHONY: help install train test test-slow lint format bench reproduce-table1 reproduce-table2 reproduce-table3 \
+	reproduce-table4 clean
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -44,6 +50,12 @@ reproduce-table1: $(STAMP)  ## SSA Table 1 / Figure 3 (synthetic graph, 5 seeds,
 
 reproduce-table2: $(STAMP)  ## SSA Table 2 (synthetic denoising + L/sigma sweep, ~5 min on 2 cores) -> experiments/results/table2/
 	$(PY) experiments/reproduce_synthetic.py experiment=table2/default $(ARGS)
+
+reproduce-table3: $(STAMP)  ## SSA Table 3 (pretrain + fine-tune, 3 seeds; SCALE=cpu|paper|smoke) -> experiments/results/table3/
+	$(TABLE) table=table3
+
+reproduce-table4: $(STAMP)  ## SSA Table 4 (passkey retrieval; SCALE=cpu|paper|smoke) -> experiments/results/table4/
+	$(TABLE) table=table4
 
 clean:  ## remove outputs and caches (keeps .venv)
 	rm -rf outputs multirun .cache .pytest_cache .ruff_cache

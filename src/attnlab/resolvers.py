@@ -13,3 +13,7 @@ RUN_ID = f"{datetime.now():%Y-%m-%d_%H-%M-%S}_{secrets.token_hex(3)}"
 
 if not OmegaConf.has_resolver("run_id"):
     OmegaConf.register_new_resolver("run_id", lambda: RUN_ID)
+
+from attnlab.tables.cells import register as register_cell_dir  # noqa: E402  (${cell_dir:}: a table cell's name)
+
+register_cell_dir()

@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from attnlab.errors import ConfigError
 from attnlab.eval.heldout import heldout_dataset
 from attnlab.eval.lm import AttnlabLM
-from attnlab.eval.passkey import MAX_NEW_TOKENS, per_length_accuracy
+from attnlab.eval.passkey import MAX_NEW_TOKENS, default_lengths, per_length_accuracy
 from attnlab.hub import wandb_mode
 from attnlab.runs import output_dir, write_results
 
@@ -37,7 +37,9 @@ def task_metadata(lm: AttnlabLM, suite: dict[str, Any], out_dir: Path, cache_dir
     tokenizer_file = out_dir / "tokenizer.json"
     lm.tokenizer.save(str(tokenizer_file))
     passkey = dict(suite.get("passkey") or {})
-    too_long = [n for n in passkey.get("context_lengths", []) if n > lm.max_length - MAX_NEW_TOKENS]
+    if "passkey" in suite.get("tasks", []) and not passkey.get("context_lengths"):  # null: follow the model's window
+        passkey["context_lengths"] = default_lengths(lm.max_length)
+    too_long = [n for n in passkey.get("context_lengths") or [] if n > lm.max_length - MAX_NEW_TOKENS]
     if too_long:
         raise ConfigError(
             "eval.passkey.context_lengths",

@@ -34,6 +34,12 @@ MAX_NEW_TOKENS = 10
 DEFAULT_LENGTHS = (256, 512, 1024, 2048)
 
 
+def default_lengths(max_length: int) -> list[int]:
+    """The paper's lengths that leave room for the answer in the model's window; else half the window and all of it."""
+    window = max_length - MAX_NEW_TOKENS
+    return [n for n in DEFAULT_LENGTHS if n <= window] or [window // 2, window]
+
+
 @dataclass(frozen=True)
 class PasskeyPrompt:
     prompt: str

@@ -1,0 +1,35 @@
+"""Reproduce a paper table: ``python experiments/reproduce_table.py table=table3 scale=cpu`` (see conf/table/)."""
+
+import shlex
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+import attnlab.resolvers  # noqa: F401  (registers ${run_id:} and ${cell_dir:})
+from attnlab.errors import ConfigError
+from attnlab.tables import reproduce
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="reproduce_table")
+def main(cfg: DictConfig) -> None:
+    try:
+        reproduce(
+            OmegaConf.to_container(cfg.table, resolve=True),
+            cfg.scale,
+            root=ROOT,
+            runs_dir=Path(cfg.runs_dir),
+            results_dir=Path(cfg.results_dir),
+            force=cfg.force,
+            args=shlex.split(cfg.args or ""),
+            launcher=shlex.split(cfg.launcher or ""),
+        )
+    except ConfigError as exc:
+        sys.exit(f"error: {exc}")
+
+
+if __name__ == "__main__":
+    main()

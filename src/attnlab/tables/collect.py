@@ -1,0 +1,147 @@
+"""From per-cell evaluation records to the finished table: ours (mean ± std over seeds) beside the paper's, and
+each variant's paired difference with the baseline (same model, same seed), a 95% t-interval and a verdict."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from scipy import stats
+
+REPRODUCES, OPPOSITE, INCONCLUSIVE = "reproduces", "opposite", "inconclusive"
+
+
+def paired_interval(diffs: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """Mean of the paired differences and its t-interval (infinite with fewer than two seeds)."""
+    n = len(diffs)
+    mean = sum(diffs) / n
+    if n < 2:
+        return mean, -math.inf, math.inf
+    sd = pd.Series(diffs).std(ddof=1)
+    half = stats.t.ppf(0.5 + confidence / 2, n - 1) * sd / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def verdict(low: float, high: float, paper_diff: float) -> str:
+    """Reproduces when the interval excludes 0 on the paper's side, opposite when on the other side."""
+    if paper_diff == 0 or (low <= 0 <= high):
+        return INCONCLUSIVE
+    return REPRODUCES if (low > 0) == (paper_diff > 0) else OPPOSITE
+
+
+def column_map(table: dict[str, Any], scale: str) -> list[dict[str, Any]]:
+    """The paper's columns with the metric that stands for each at ``scale`` (``ours`` None: not run)."""
+    standins = {} if scale == "paper" else table.get("standins") or {}
+    mapped = []
+    for column in table["columns"]:
+        standin = standins.get(column["paper"])
+        ours = standin["ours"] if standin else (column["paper"] if scale == "paper" else None)
+        mapped.append({**column, "ours": ours, "standin": standin["standin"] if standin else None})
+    return mapped
+
+
+def paper_value(table: dict[str, Any], stage: str, row: str, attention: str, index: int) -> float | None:
+    values = (table.get("paper") or {}).get(stage, {}).get(row, {}).get(attention)
+    return float(values[index]) if values else None
+
+
+def summarise(records: list[dict[str, Any]], table: dict[str, Any], scale: str) -> pd.DataFrame:
+    """One row per (stage, row, attention, paper column): our mean, std and seed count, and the paper's value."""
+    frame = pd.DataFrame(records)
+    rows = []
+    for (stage, row, attention), group in frame.groupby(["stage", "row", "attention"], sort=False):
+        for index, column in enumerate(column_map(table, scale)):
+            ours = column["ours"]
+            values = group[ours].dropna() if ours in group else pd.Series(dtype=float)
+            rows.append(
+                {"stage": stage, "row": row, "model": group["model"].iloc[0], "attention": attention}
+                | {"column": column["paper"], "metric": ours, "standin": column["standin"], "seeds": len(values)}
+                | {"mean": values.mean() if len(values) else None}
+                | {"std": values.std(ddof=1) if len(values) > 1 else None}
+                | {"paper": paper_value(table, stage, row, attention, index)}
+            )
+    return pd.DataFrame(rows)
+
+
+def effects(records: list[dict[str, Any]], table: dict[str, Any], scale: str) -> pd.DataFrame:
+    """Each variant minus the baseline, paired by seed, per stage, row and column that ran; with its verdict."""
+    frame = pd.DataFrame(records)
+    baseline = table["baseline"]
+    rows = []
+    for index, column in enumerate(column_map(table, scale)):
+        ours = column["ours"]
+        if ours is None or ours not in frame:
+            continue
+        for (stage, row), group in frame.groupby(["stage", "row"], sort=False):
+            by_seed = group.pivot_table(index="seed", columns="attention", values=ours)
+            for attention in (v for v in table["variants"] if v != baseline):
+                if attention not in by_seed or baseline not in by_seed:
+                    continue
+                diffs = (by_seed[attention] - by_seed[baseline]).dropna().tolist()
+                if not diffs:
+                    continue
+                paper_variant = paper_value(table, stage, row, attention, index)
+                paper_base = paper_value(table, stage, row, baseline, index)
+                paper_diff = paper_variant - paper_base if None not in (paper_variant, paper_base) else 0.0
+                mean, low, high = paired_interval(diffs)
+                rows.append(
+                    {"stage": stage, "row": row, "attention": attention, "column": column["paper"], "metric": ours}
+                    | {"seeds": len(diffs), "diff": mean, "ci_low": low, "ci_high": high, "paper_diff": paper_diff}
+                    | {"verdict": verdict(low, high, paper_diff)}
+                )
+    return pd.DataFrame(rows)
+
+
+def _cell(mean: Any, std: Any) -> str:
+    if mean is None or pd.isna(mean):
+        return "-"
+    return f"{mean:.3f}" if std is None or pd.isna(std) else f"{mean:.3f} ± {std:.3f}"
+
+
+def to_markdown(summary: pd.DataFrame, effect: pd.DataFrame, table: dict[str, Any], scale: str) -> str:
+    """The table as Markdown: ours beside the paper's per column that ran, the columns' provenance, the verdicts."""
+    columns = column_map(table, scale)
+    ran = [c for c in columns if c["ours"] is not None]
+    lines = [f"# {table['title']} ({scale} scale)", ""]
+    for stage, block in summary.groupby("stage", sort=False):
+        wide = []
+        for (row, attention), group in block.groupby(["row", "attention"], sort=False):
+            entry = {"stage": stage, "row": row, "model": group["model"].iloc[0], "attention": attention}
+            for column in ran:
+                found = group[group["column"] == column["paper"]].iloc[0]
+                entry[f"{column['paper']} (ours)"] = _cell(found["mean"], found["std"])
+                entry[f"{column['paper']} (paper)"] = "-" if pd.isna(found["paper"]) else f"{found['paper']:.3f}"
+            wide.append(entry)
+        lines += [f"## {stage}", "", pd.DataFrame(wide).to_markdown(index=False), ""]
+    seeds = int(summary["seeds"].max()) if len(summary) else 0
+    lines += ["## Columns", "", f"Ours: mean ± std over {seeds} seed(s) of the last checkpoint.", ""]
+    for column in columns:
+        if column["ours"] is None:
+            lines.append(f"- {column['paper']}: not run at {scale} scale")
+        elif column["standin"]:
+            lines.append(f"- {column['paper']}: stand-in `{column['ours']}` ({column['standin']})")
+        else:
+            lines.append(f"- {column['paper']}: `{column['ours']}`")
+    lines += ["", f"## Each variant against {table['baseline']} (paired by seed, 95% t-interval)", ""]
+    if len(effect):
+        shown = effect.assign(
+            interval=[f"[{lo:+.3f}, {hi:+.3f}]" for lo, hi in zip(effect["ci_low"], effect["ci_high"], strict=True)]
+        )[["stage", "row", "attention", "column", "seeds", "diff", "interval", "paper_diff", "verdict"]]
+        lines.append(shown.to_markdown(index=False, floatfmt="+.3f"))
+        counts = effect["verdict"].value_counts().to_dict()
+        lines += ["", "Verdicts: " + ", ".join(f"{k} {v}" for k, v in counts.items())]
+    return "\n".join(lines) + "\n"
+
+
+def write(records: list[dict[str, Any]], table: dict[str, Any], scale: str, out_dir: Path) -> str:
+    """Write ``<table>.md``, ``<table>.csv`` (tidy), ``effects.csv`` and ``runs.csv`` under ``out_dir``."""
+    summary, effect = summarise(records, table, scale), effects(records, table, scale)
+    markdown = to_markdown(summary, effect, table, scale)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{table['name']}.md").write_text(markdown)
+    summary.to_csv(out_dir / f"{table['name']}.csv", index=False)
+    effect.to_csv(out_dir / "effects.csv", index=False)
+    pd.DataFrame(records).to_csv(out_dir / "runs.csv", index=False)
+    return markdown

@@ -1,0 +1,240 @@
+"""The table engine: a table config (``conf/table/*.yaml``) -> training multiruns -> evaluations -> the table.
+
+Each grid cell is a ``train.py`` run in ``<runs_dir>/<cell name>`` (``attnlab.tables.cells``). A stage's pending
+cells go to ``train.py -m`` as Hydra multiruns, so any Hydra launcher (``hydra/launcher=submitit_slurm``,
+``joblib``) spreads them with no code change; finished cells (``results.json`` present) are never relaunched, and
+an interrupted one resumes from its own ``checkpoints/last.ckpt``. Evaluations are cached per (cell, suite).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from attnlab.errors import ConfigError
+from attnlab.tables.cells import cell_name
+
+log = logging.getLogger(__name__)
+
+RESUME = "ckpt_path=${resume_ckpt:}"  # each job resumes from its own last.ckpt when one is there
+LAST_CKPT = Path("checkpoints") / "last.ckpt"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One training run of a table: a stage, a paper row (``GPT2``) and its model, a variant and a seed."""
+
+    stage: str
+    row: str
+    model: str
+    attention: str
+    seed: int
+    directory: Path
+    overrides: tuple[str, ...] = field(repr=False)
+
+    @property
+    def finished(self) -> bool:
+        return (self.directory / "results.json").is_file()
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.directory / LAST_CKPT
+
+
+@dataclass
+class Engine:
+    """Runs one table at one scale; ``root`` is the repository (``train.py`` and ``conf/``)."""
+
+    table: dict[str, Any]
+    scale: str
+    root: Path
+    runs_dir: Path
+    force: bool = False
+    args: Sequence[str] = ()  # extra train.py overrides for every cell
+    launcher: Sequence[str] = ()  # e.g. hydra/launcher=submitit_slurm hydra.launcher.partition=gpu
+    salt: str = field(default_factory=lambda: time.strftime("%Y%m%d-%H%M%S"))
+
+    def __post_init__(self) -> None:
+        scales = self.table["scales"]
+        if self.scale not in scales:
+            raise ConfigError("scale", f"one of {', '.join(scales)} (got {self.scale})")
+        self.settings: dict[str, Any] = scales[self.scale]
+
+    # ------------------------------------------------------------------------------------------ the grid
+    def compose(self, overrides: list[str]) -> DictConfig:
+        """``train.yaml`` with ``overrides``, as the job will see it (``hydra.runtime.cwd`` is the repository)."""
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(self.root / "conf"), version_base="1.3"):
+            cfg = compose(config_name="train", overrides=overrides, return_hydra_config=True)
+        with open_dict(cfg):
+            cfg.hydra.runtime.cwd = str(self.root)
+        HydraConfig.instance().set_config(cfg)
+        return cfg
+
+    def stages(self) -> list[str]:
+        """The table's stages that run at this scale (e.g. paper-scale fine-tuning starts from the hub)."""
+        return list(self.settings.get("stages") or self.table["stages"])
+
+    def stage_overrides(self, stage: str, model: str) -> list[str]:
+        common = [*self.settings.get("overrides", []), *self.settings.get("stage_overrides", {}).get(stage, [])]
+        salt = [f"+cell_salt={self.salt}"] if self.force else []
+        return [o.format(model=model) for o in common] + salt + list(self.args)
+
+    def init_source(self, stage: str, cells: dict[tuple, Cell], row: str, seed: int) -> list[str]:
+        """The fine-tune stage's start: the source stage's baseline cell of this model and seed (cpu/smoke)."""
+        source = (self.table["stages"][stage] or {}).get("init_from")
+        if not source or self.settings.get("init_from", "stage") != "stage":
+            return []
+        start = cells[(source, row, self.table["baseline"], seed)]
+        return [f"model.init_from={start.checkpoint}"]
+
+    def cells(self) -> list[Cell]:
+        """Every cell of every stage, in stage order; composing them also validates the whole table's config."""
+        cells: dict[tuple, Cell] = {}
+        for stage in self.stages():
+            variants = (self.table["stages"][stage] or {}).get("variants") or self.table["variants"]
+            for row, model in self.settings["rows"].items():
+                for attention in variants:
+                    for seed in self.settings["seeds"]:
+                        overrides = [
+                            *self.stage_overrides(stage, model),
+                            *self.init_source(stage, cells, row, seed),
+                            f"model={model}",
+                            f"attention={attention}",
+                            f"seed={seed}",
+                        ]
+                        name = cell_name(self.compose(overrides))
+                        cells[(stage, row, attention, seed)] = Cell(
+                            stage, row, model, attention, seed, self.runs_dir / name, tuple(overrides)
+                        )
+        return list(cells.values())
+
+    # ------------------------------------------------------------------------------------------ training
+    def check_requirements(self) -> None:
+        """Fail within seconds, with one message, when the scale needs GPUs or the hub and they are not there."""
+        needs = self.settings.get("requires") or {}
+        missing = []
+        if needs.get("gpu"):
+            import torch
+
+            if not torch.cuda.is_available():
+                missing.append("GPUs (torch sees none; the paper's runs are bf16 on 8 GPUs)")
+        if needs.get("hub") and not hub_reachable():
+            missing.append(
+                "the Hugging Face hub (offline: HF_HUB_OFFLINE is set or huggingface.co is unreachable) for "
+                "SlimPajama, the official checkpoints and the lm-eval datasets"
+            )
+        if missing:
+            raise ConfigError(
+                "scale",
+                f"{self.scale} needs {' and '.join(missing)}; run it on a GPU machine with internet access "
+                "(or a pre-populated HF cache), or use SCALE=cpu",
+            )
+
+    def launch_groups(self, pending: list[Cell]) -> list[list[Cell]]:
+        """Pending cells as Hydra sweeps (attention x seed products): one per model, or per model and seed
+        when the cells have different starting checkpoints or do not form a product."""
+        groups: dict[tuple, list[Cell]] = {}
+        for cell in pending:
+            key = (cell.stage, cell.model)
+            if any(o.startswith("model.init_from=") for o in cell.overrides):
+                key = (*key, cell.seed)
+            groups.setdefault(key, []).append(cell)
+        result = []
+        for cells in groups.values():
+            attentions = {c.attention for c in cells}
+            seeds = {c.seed for c in cells}
+            if len(cells) == len(attentions) * len(seeds):
+                result.append(cells)
+            else:
+                result += [[c for c in cells if c.seed == s] for s in sorted(seeds)]
+        return result
+
+    def sweep_command(self, cells: list[Cell]) -> list[str]:
+        first = cells[0]
+        fixed = [o for o in first.overrides if not o.startswith(("attention=", "seed="))]
+        attentions = ",".join(dict.fromkeys(c.attention for c in cells))
+        seeds = ",".join(str(s) for s in dict.fromkeys(c.seed for c in cells))
+        return [
+            sys.executable,
+            str(self.root / "train.py"),
+            "-m",
+            *fixed,
+            f"attention={attentions}",
+            f"seed={seeds}",
+            RESUME,
+            f"experiment_name={self.table['name']}-{self.scale}-{first.stage}",
+            f"hydra.sweep.dir={self.runs_dir}",
+            "hydra.sweep.subdir=${cell_dir:}",
+            *self.launcher,
+        ]
+
+    def train(self, cells: list[Cell]) -> None:
+        """Run each stage's pending cells; a failed sweep stops the table with the cells it left unfinished."""
+        for stage in self.stages():
+            pending = [c for c in cells if c.stage == stage and not c.finished]
+            for group in self.launch_groups(pending):
+                command = self.sweep_command(group)
+                log.info("%s: %d cell(s): %s", stage, len(group), " ".join(command[2:]))
+                subprocess.run(command, cwd=self.root, check=False)
+            unfinished = [c.directory.name for c in cells if c.stage == stage and not c.finished]
+            if unfinished:
+                raise ConfigError("table", f"{stage} cells did not finish (re-run to resume): {', '.join(unfinished)}")
+
+    # ------------------------------------------------------------------------------------------ evaluation
+    def cache_dir(self, cell: Cell) -> str:
+        return str(self.compose(list(cell.overrides)).paths.cache_dir)
+
+    def evaluate(self, cells: list[Cell]) -> list[dict[str, Any]]:
+        """Each cell's evaluation columns, computed once per (cell, suite) and cached in ``<cell>/eval/<suite>``."""
+        import json
+
+        spec = self.settings["eval"]
+        suite = OmegaConf.to_container(OmegaConf.load(self.root / "conf" / "eval" / f"{spec['suite']}.yaml"))
+        suite.update(spec.get("suite_overrides") or {})
+        records = []
+        for cell in cells:
+            out = cell.directory / "eval" / suite["name"]
+            if not (out / "results.json").is_file():
+                evaluate_cell(cell, suite, out, limit=spec.get("limit"), cache_dir=self.cache_dir(cell))
+            summary = json.loads((out / "results.json").read_text())["summary"]
+            records.append(
+                {"stage": cell.stage, "row": cell.row, "model": cell.model, "attention": cell.attention}
+                | {"seed": cell.seed, "run": str(cell.directory)}
+                | {k: v for k, v in summary.items() if isinstance(v, int | float) and k != "limit"}
+            )
+        return records
+
+
+def evaluate_cell(cell: Cell, suite: dict[str, Any], out: Path, *, limit: int | None, cache_dir: str) -> None:
+    """The eval API on the cell's last checkpoint; the held-out split is the one recorded inside it."""
+    import torch
+
+    from attnlab.eval.harness import evaluate_suite
+    from attnlab.eval.lm import AttnlabLM
+
+    lm = AttnlabLM(checkpoint=str(cell.checkpoint), device="cuda" if torch.cuda.is_available() else "cpu")
+    evaluate_suite(lm, suite, out, limit=limit, seed=1234, cache_dir=cache_dir)
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+        return False
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
