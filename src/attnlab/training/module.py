@@ -95,7 +95,9 @@ class LanguageModel(L.LightningModule):
         optimizer = torch.optim.AdamW(
             groups, lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]), eps=cfg.get("eps", 1e-8)
         )
-        total = self.trainer.estimated_stepping_batches
+        # max_steps, not estimated_stepping_batches, which loads the train loader before its state is restored
+        # (Lightning #20550: a resumed run would restart the data order)
+        total = self.trainer.max_steps if self.trainer.max_steps > 0 else self.trainer.estimated_stepping_batches
         schedule = warmup_cosine(cfg["warmup_steps"], int(total), cfg["min_lr_ratio"], cfg.get("schedule", "cosine"))
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

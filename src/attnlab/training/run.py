@@ -19,7 +19,10 @@ from omegaconf import DictConfig, OmegaConf
 from attnlab.data import TextDataModule
 from attnlab.errors import ConfigError, require
 from attnlab.models import GPT, ModelConfig
+from attnlab.training.checkpointing import last_checkpoint_path
+from attnlab.training.guards import RunStopped, stop_cleanly
 from attnlab.training.module import LanguageModel
+from attnlab.training.sweeps import in_multirun
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +117,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     unigram = datamodule.unigram_perplexity()
     log.info("Unigram baseline (add-one, training counts) validation perplexity: %.1f", unigram)
     started = time.perf_counter()
-    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    with stop_cleanly(trainer):  # reliab: signals, NaN, failed writes -> RunStopped naming the saved step
+        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
     seconds = time.perf_counter() - started
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if torch.as_tensor(v).numel() == 1}
@@ -138,7 +142,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "tokens_per_second": tokens_this_run / seconds if seconds > 0 else None,
         "parameters": module.model.num_parameters(),
         "best_checkpoint": getattr(checkpoint, "best_model_path", None) or None,
-        "last_checkpoint": getattr(checkpoint, "last_model_path", None) or None,
+        "last_checkpoint": last_checkpoint_path(trainer),  # reliab: last.ckpt is LastCheckpoint's
         "output_dir": str(out),
     }
     if trainer.is_global_zero and cfg.get("eval") and cfg.eval.get("after_train"):
@@ -177,7 +181,9 @@ def main(cfg: DictConfig) -> dict[str, Any]:
     """Hydra task: a bad config prints one line naming the key and exits 2; W&B is closed after every run."""
     try:
         return run(cfg)
-    except ConfigError as exc:
+    except (ConfigError, RunStopped) as exc:
+        if in_multirun():  # reliab: the job fails alone; the sweep callback reports it with the others
+            raise
         raise SystemExit(f"error: {exc}") from None
     finally:
         import wandb
