@@ -48,6 +48,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+            os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would hide checkpoints from the group
             with os.fdopen(fd, "wb") as fh:
                 torch.save(checkpoint, fh)
                 fh.flush()
@@ -60,6 +61,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         finally:
             if tmp_name is not None:
                 Path(tmp_name).unlink(missing_ok=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _fsync_directory(directory: Path) -> None:
