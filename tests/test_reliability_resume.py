@@ -50,3 +50,5 @@ def test_resume_into_the_interrupted_directory_keeps_what_it_wrote(
     after = step_losses(run_dir)
     assert all(after.get(step) == loss for step, loss in before.items() if step < 8)  # the first part is kept
     assert {step: after[step] for step in range(8, 16)} == {step: uninterrupted[step] for step in range(8, 16)}
+    assert (run_dir / ".hydra-1" / "config.yaml").is_file()  # the first part's config, beside the resumed one's
+    assert "ckpt_path" in (run_dir / ".hydra" / "overrides.yaml").read_text()
