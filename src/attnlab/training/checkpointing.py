@@ -56,8 +56,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             os.replace(tmp_name, target)
             tmp_name = None
             _fsync_directory(target.parent)
-        except OSError as exc:
-            raise CheckpointWriteError(target, exc) from exc
+        except (OSError, RuntimeError) as exc:
+            # torch.save reports a failed write from its zip writer as a RuntimeError caused by the OSError
+            cause = exc if isinstance(exc, OSError) else exc.__context__
+            if not isinstance(cause, OSError):
+                raise
+            raise CheckpointWriteError(target, cause) from exc
         finally:
             if tmp_name is not None:
                 Path(tmp_name).unlink(missing_ok=True)
