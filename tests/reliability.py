@@ -26,7 +26,14 @@ TINY_RUN = [
 
 
 def train_command(overrides: list[str], run_dir: Path, cache_dir: Path) -> list[str]:
-    return [sys.executable, "train.py", *TINY_RUN, *overrides, f"hydra.run.dir={run_dir}", f"paths.cache_dir={cache_dir}"]
+    return [
+        sys.executable,
+        "train.py",
+        *TINY_RUN,
+        *overrides,
+        f"hydra.run.dir={run_dir}",
+        f"paths.cache_dir={cache_dir}",
+    ]
 
 
 def train(overrides: list[str], run_dir: Path, cache_dir: Path, **kwargs) -> subprocess.CompletedProcess:

@@ -80,6 +80,8 @@ def test_a_full_disk_leaves_no_file_named_like_a_checkpoint(tmp_path: Path) -> N
 
 
 def test_an_unwritable_directory_is_an_error(tmp_path: Path) -> None:
-    with tmpfs(tmp_path / "ro", "ro,size=64k") as read_only:
-        with pytest.raises(CheckpointWriteError, match="could not write checkpoint"):
-            AtomicCheckpointIO().save_checkpoint(STATE, read_only / "last.ckpt")
+    with (
+        tmpfs(tmp_path / "ro", "ro,size=64k") as read_only,
+        pytest.raises(CheckpointWriteError, match="could not write checkpoint"),
+    ):
+        AtomicCheckpointIO().save_checkpoint(STATE, read_only / "last.ckpt")

@@ -78,13 +78,13 @@ class ValidateAtEnd(Callback):
             trainer.should_stop = True  # Lightning validates when a stop is requested (training_epoch_loop)
 
 
-def _last_checkpoint(trainer: L.Trainer) -> str:
+def _last_checkpoint(trainer: L.Trainer, note: str = "") -> str:
     """Where the latest complete state is, in words."""
     path = last_checkpoint_path(trainer)
     if path is None:
         return "no checkpoint was saved"
     step = next(c._last_global_step_saved for c in trainer.checkpoint_callbacks if isinstance(c, LastCheckpoint))
-    return f"last.ckpt holds step {step}: resume with ckpt_path={path}"
+    return f"last.ckpt holds step {step}{note}: resume with ckpt_path={path}"
 
 
 @contextmanager
@@ -101,9 +101,7 @@ def stop_cleanly(trainer: L.Trainer) -> Iterator[None]:
             raise
         raise RunStopped(f"trainer: interrupted at step {trainer.global_step}; {_last_checkpoint(trainer)}") from exc
     except NonFiniteError as exc:
-        raise RunStopped(
-            f"trainer: {exc} (callbacks.nonfinite_guard.action=skip to drop such batches, or lower optim.lr); "
-            f"the last finite {_last_checkpoint(trainer)}"
-        ) from exc
+        hint = "callbacks.nonfinite_guard.action=skip drops such updates, or lower optim.lr"
+        raise RunStopped(f"trainer: {exc} ({hint}); {_last_checkpoint(trainer, ', the last finite state')}") from exc
     except CheckpointWriteError as exc:
         raise RunStopped(f"checkpoint: {exc.strerror}; {_last_checkpoint(trainer)}") from exc
