@@ -32,7 +32,14 @@ class NonFiniteError(RuntimeError):
 
 
 class RunStopped(RuntimeError):
-    """The run ended early (signal, non-finite values, a failed write); the message is the one line to print."""
+    """The run ended early (signal, non-finite values, a failed write); the message is the one line to print.
+
+    ``interrupted``: stopped from outside (SIGTERM, SIGINT), so a sweep must stop too rather than start its next job.
+    """
+
+    def __init__(self, message: str, interrupted: bool = False) -> None:
+        super().__init__(message)
+        self.interrupted = interrupted
 
 
 class NonFiniteGuard(Callback):
@@ -94,12 +101,13 @@ def stop_cleanly(trainer: L.Trainer) -> Iterator[None]:
         yield
     except SIGTERMException as exc:
         raise RunStopped(
-            f"trainer: stopped by SIGTERM at step {trainer.global_step}; {_last_checkpoint(trainer)}"
+            f"trainer: stopped by SIGTERM at step {trainer.global_step}; {_last_checkpoint(trainer)}", interrupted=True
         ) from exc
     except SystemExit as exc:  # Lightning turns Ctrl-C (SIGINT) into sys.exit(1) after its on_exception hooks
         if not trainer.interrupted:
             raise
-        raise RunStopped(f"trainer: interrupted at step {trainer.global_step}; {_last_checkpoint(trainer)}") from exc
+        message = f"trainer: interrupted at step {trainer.global_step}; {_last_checkpoint(trainer)}"
+        raise RunStopped(message, interrupted=True) from exc
     except NonFiniteError as exc:
         hint = "callbacks.nonfinite_guard.action=skip drops such updates, or lower optim.lr"
         raise RunStopped(f"trainer: {exc} ({hint}); {_last_checkpoint(trainer, ', the last finite state')}") from exc

@@ -67,11 +67,14 @@ class SweepReport(Callback):
             if not isinstance(error, EXPECTED_ERRORS):
                 record["traceback"] = "".join(traceback.format_exception(error))
             log.error("Job %d (%s) failed: %s", record["num"], " ".join(record["overrides"]), record["error"])
-            job_return.status, job_return.return_value = JobStatus.COMPLETED, None  # handled: the sweep goes on
+            if not getattr(error, "interrupted", False):  # a signal stops the whole sweep (below), not one job
+                job_return.status, job_return.return_value = JobStatus.COMPLETED, None  # handled: the sweep goes on
         sweep_dir = Path(hydra_cfg.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         with FileLock(str(sweep_dir / (JOBS_FILE + ".lock"))), (sweep_dir / JOBS_FILE).open("a") as fh:
             fh.write(json.dumps(record) + "\n")
+        if job_return.status == JobStatus.FAILED:
+            raise SystemExit(f"{record['error']}; the sweep stops here (finished jobs: {sweep_dir / JOBS_FILE})")
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
