@@ -85,3 +85,24 @@ def test_an_unwritable_directory_is_an_error(tmp_path: Path) -> None:
         pytest.raises(CheckpointWriteError, match="could not write checkpoint"),
     ):
         AtomicCheckpointIO().save_checkpoint(STATE, read_only / "last.ckpt")
+
+
+def test_the_end_of_fit_is_validated_and_saved_whatever_the_intervals(make_config, tmp_path: Path) -> None:
+    """13 steps, validation every 5, last.ckpt every 4: results and last.ckpt are step 13's, not step 10's/12's."""
+    from attnlab.training.run import run
+    from tests.conftest import MICRO_DATA, MICRO_MODEL
+
+    out = tmp_path / "run"
+    intervals = [
+        "trainer.max_steps=13",
+        "trainer.val_check_interval=5",
+        "callbacks.last_checkpoint.every_n_train_steps=4",
+    ]
+    quiet = ["trainer=cpu", "callbacks.progress_bar.refresh_rate=0", "trainer.limit_val_batches=2"]
+    results = run(make_config([*MICRO_MODEL, *MICRO_DATA, *quiet, *intervals], out))
+    assert results["steps"] == 13 and results["val_loss"] is not None
+    assert results["last_checkpoint"] == str(out / "checkpoints" / "last.ckpt")
+    assert torch.load(results["last_checkpoint"], weights_only=False)["global_step"] == 13
+    best = torch.load(results["best_checkpoint"], weights_only=False)
+    assert best["global_step"] == 13  # validated at the end: the loss still falls, so the last model is the best
+    assert [p.name for p in (out / "checkpoints").iterdir() if p.name.startswith(".")] == []

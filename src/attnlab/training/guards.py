@@ -51,18 +51,22 @@ class NonFiniteGuard(Callback):
         require_choice(action, ON_NONFINITE, "callbacks.nonfinite_guard.action")
         self.action, self.max_skipped = action, max_skipped
         self.skipped = 0
-        self._loss_finite = True
+        self._losses_finite: list[Tensor] = []  # one flag per micro-batch since the last optimizer step
 
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: Tensor) -> None:
-        self._loss_finite = self._loss_finite and bool(torch.isfinite(loss.detach()).all())
+        self._losses_finite.append(torch.isfinite(loss.detach()).all())
 
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        loss_finite, self._loss_finite = self._loss_finite, True
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        grads_finite = all(bool(torch.isfinite(norm)) for norm in torch._foreach_norm(grads)) if grads else True
-        finite = trainer.strategy.reduce_boolean_decision(loss_finite and grads_finite, all=True)
+        grad_norms = torch.stack(torch._foreach_norm(grads)) if grads else torch.zeros(1)
+        losses = torch.stack(self._losses_finite) if self._losses_finite else torch.ones(1, dtype=torch.bool)
+        self._losses_finite = []
+        loss_finite = bool(losses.all())  # a few flags synced per optimizer step, not one per tensor
+        finite = trainer.strategy.reduce_boolean_decision(
+            loss_finite and bool(torch.isfinite(grad_norms).all()), all=True
+        )
         if finite:
             return
         what = "loss" if not loss_finite else "gradient"
