@@ -103,7 +103,7 @@ class LastCheckpoint(ModelCheckpoint):
 
     @property
     def state_key(self) -> str:
-        return self._generate_state_key(role="last", every_n_train_steps=self._every_n_train_steps)
+        return self._generate_state_key(role="last")  # the same state when the intervals change on resume
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
