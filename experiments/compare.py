@@ -52,11 +52,11 @@ def missing_jobs(sweep_dir: Path) -> list[str]:
     """One line per job of the sweep that has no ``results.json``: failed (with its error) or never finished."""
     jobs = read_jobs(sweep_dir)
     lines = [f"job {j['num']} ({' '.join(j['overrides'])}): {j['error']}" for j in jobs if j["status"] != "completed"]
-    recorded = {Path(j["output_dir"]).name for j in jobs}
-    for overrides_file in sorted(sweep_dir.glob("*/.hydra/overrides.yaml")):
+    recorded = {Path(j["output_dir"]).resolve() for j in jobs}
+    for overrides_file in sorted(sweep_dir.rglob(".hydra/overrides.yaml")):
         job_dir = overrides_file.parent.parent
-        if not (job_dir / "results.json").is_file() and job_dir.name not in recorded:
-            lines.append(f"{job_dir.name}: no results.json (killed, or still running)")
+        if not (job_dir / "results.json").is_file() and job_dir.resolve() not in recorded:
+            lines.append(f"{job_dir.relative_to(sweep_dir)}: no results.json (killed, or still running)")
     return lines
 
 

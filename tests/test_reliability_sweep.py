@@ -28,7 +28,8 @@ def test_a_failed_job_is_its_own_and_the_sweep_reports_it(tmp_path: Path, data_c
     assert re.search(rf"job 1 \(model.n_head=3 [^)]*\) failed: {error}", done.stdout)
     assert done.stderr.strip().splitlines()[-1] == f"error: 1 of 3 sweep jobs failed (details: {sweep}/jobs.jsonl)"
     assert "Traceback" not in done.stderr
-    assert sorted(p.parent.name.split("_")[0] for p in sweep.glob("*/results.json")) == ["0", "2"]
+    finished = sorted(p.relative_to(sweep).parts[0].split("_")[0] for p in sweep.rglob("results.json"))
+    assert finished == ["0", "2"]
 
     table = subprocess.run(
         [sys.executable, "experiments/compare.py", str(sweep)], cwd=ROOT, capture_output=True, text=True, timeout=120
