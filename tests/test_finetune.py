@@ -56,7 +56,7 @@ def test_finetune_experiment_runs_with_the_papers_settings(make_config, gpt2_che
     assert module.model.config.extra["init_from"] == f"hf:{gpt2_checkpoint}"
     # the checkpoint's own tokenizer (not the preset's "gpt2"), and our dropout
     assert module.model.config.tokenizer == str(gpt2_checkpoint) and module.model.config.dropout == 0.1
-    module.trainer = SimpleNamespace(estimated_stepping_batches=8)
+    module.trainer = SimpleNamespace(max_steps=8, estimated_stepping_batches=8)  # the horizon is max_steps now
     opt = module.configure_optimizers()["optimizer"]
     by_name = {g["name"]: g for g in opt.param_groups}
     assert by_name["variant"]["lr"] == pytest.approx(1e-2) and by_name["decay"]["lr"] == pytest.approx(1e-6)
