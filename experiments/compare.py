@@ -4,16 +4,20 @@
 
 Reads each run's ``results.json`` (written by train.py) and its ``.hydra/overrides.yaml``; rows are the distinct
 settings (attention, model, the swept overrides other than the seed), with the mean and spread over seeds.
+Jobs that failed or left no ``results.json`` are listed under the table (and on stderr), never silently dropped.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import pandas as pd
 import yaml
+
+from attnlab.training.sweeps import read_jobs
 
 METRICS = ("val_loss", "val_ppl", "unigram_ppl", "tokens_per_second", "parameters")
 
@@ -42,6 +46,18 @@ def collect(sweep_dir: Path) -> pd.DataFrame:
     if not rows:
         raise SystemExit(f"error: no results.json under {sweep_dir}")
     return pd.DataFrame(rows)
+
+
+def missing_jobs(sweep_dir: Path) -> list[str]:
+    """One line per job of the sweep that has no ``results.json``: failed (with its error) or never finished."""
+    jobs = read_jobs(sweep_dir)
+    lines = [f"job {j['num']} ({' '.join(j['overrides'])}): {j['error']}" for j in jobs if j["status"] != "completed"]
+    recorded = {Path(j["output_dir"]).resolve() for j in jobs}
+    for overrides_file in sorted(sweep_dir.rglob(".hydra/overrides.yaml")):
+        job_dir = overrides_file.parent.parent
+        if not (job_dir / "results.json").is_file() and job_dir.resolve() not in recorded:
+            lines.append(f"{job_dir.relative_to(sweep_dir)}: no results.json (killed, or still running)")
+    return lines
 
 
 def summarise(runs: pd.DataFrame) -> pd.DataFrame:
@@ -82,6 +98,10 @@ def main() -> None:
     args = parser.parse_args()
     table = summarise(collect(args.sweep_dir))
     markdown = to_markdown(table)
+    missing = missing_jobs(args.sweep_dir)
+    if missing:
+        markdown += f"\nMissing from this table ({len(missing)} jobs):\n\n" + "".join(f"- {m}\n" for m in missing)
+        print(f"warning: {len(missing)} jobs of the sweep are not in the table", file=sys.stderr)
     print(markdown)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)

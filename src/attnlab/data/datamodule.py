@@ -21,6 +21,7 @@ from datasets.distributed import split_dataset_by_node
 from filelock import FileLock
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from attnlab.data.corpus import CORPUS_VERSION, wiki_sample_documents
 from attnlab.data.tokenizer import eos_token_id, load_pretrained_tokenizer, train_bpe_tokenizer
@@ -125,11 +126,12 @@ class TextDataModule(L.LightningDataModule):
             rank, world = self.trainer.global_rank, self.trainer.world_size
             self.train_dataset = split_dataset_by_node(self.train_dataset, rank=rank, world_size=world)
 
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self) -> StatefulDataLoader:
+        """Stateful: Lightning saves its position (sampler, generator, workers) in each checkpoint and restores it."""
         if self.streaming:
-            return DataLoader(self.train_dataset, batch_size=self.batch_size, num_workers=self.num_workers)
+            return StatefulDataLoader(self.train_dataset, batch_size=self.batch_size, num_workers=self.num_workers)
         generator = torch.Generator().manual_seed(self.shuffle_seed)
-        return DataLoader(
+        return StatefulDataLoader(
             self.train_dataset,
             batch_size=self.batch_size,
             shuffle=True,
@@ -188,6 +190,8 @@ class TextDataModule(L.LightningDataModule):
         resolved = [f for f in resolved if Path(f).is_file()]
         if not resolved:
             raise ConfigError("data.files", f"no files match {self.files}")
+        for path in resolved:
+            _require_text_file(path)
         return resolved
 
     def _hub_split(self, split: str) -> Dataset | IterableDataset:
@@ -313,6 +317,21 @@ class TextDataModule(L.LightningDataModule):
     def _iter_val_targets(self) -> Iterator[np.ndarray]:
         for row in self.val_dataset:
             yield np.asarray(row["input_ids"])[1:]
+
+
+def _require_text_file(path: str) -> None:
+    """Fail naming the file, before ``datasets`` fails on it without a name (empty, binary, not UTF-8)."""
+    with open(path, "rb") as fh:
+        head = fh.read(65536)
+    if not head.strip():
+        raise ConfigError("data.files", f"{path} is empty; text files with at least two paragraphs are allowed")
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start < len(head) - 3:  # not just a multi-byte character cut at the end of the sample
+            raise ConfigError("data.files", f"{path} is not UTF-8 text; only text files are allowed") from None
+    if b"\0" in head:
+        raise ConfigError("data.files", f"{path} contains NUL bytes (binary?); only text files are allowed")
 
 
 def _count_tokens(blocks: Dataset, vocab_size: int) -> np.ndarray:

@@ -10,6 +10,7 @@ import csv
 import fnmatch
 import json
 import logging
+import math
 import re
 import time
 from pathlib import Path
@@ -122,12 +123,24 @@ def metric_columns(results: dict[str, Any], suite: dict[str, Any]) -> dict[str, 
 
 
 def append_csv(path: Path, row: dict[str, Any]) -> None:
-    """Add ``row`` to ``path``; a new column rewrites the header, every earlier row is kept (under a file lock)."""
+    """Add ``row`` to ``path``; a new column rewrites the header, every earlier row is kept (under a file lock).
+
+    A non-finite metric (NaN weights) is refused rather than tabled as a result; a last row cut before its newline
+    (an interrupted writer, a hand edit) gets one, so the new row is never glued onto it.
+    """
+    non_finite = [k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)]
+    if non_finite:
+        model = row.get("checkpoint") or row.get("pretrained")
+        raise ConfigError("checkpoint", f"{model} scores non-finite {', '.join(non_finite)}; not added to {path}")
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path) + ".lock"):
-        rows = list(csv.DictReader(path.open())) if path.is_file() else []
+        rows = list(csv.DictReader(path.open(newline=""))) if path.is_file() else []
         fields = list(dict.fromkeys([*(rows[0].keys() if rows else []), *row.keys()]))
         if rows and fields == list(rows[0].keys()):
+            with path.open("rb+") as fh:
+                fh.seek(-1, 2)
+                if fh.read(1) not in (b"\n", b"\r"):
+                    fh.write(b"\r\n")  # the csv module's line terminator
             with path.open("a", newline="") as fh:
                 csv.DictWriter(fh, fieldnames=fields).writerow(row)
             return

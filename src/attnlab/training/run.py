@@ -28,7 +28,10 @@ from attnlab.runs import (
     validate_train_config,
     write_results,
 )
+from attnlab.training.checkpointing import last_checkpoint_path
+from attnlab.training.guards import RunStopped, stop_cleanly
 from attnlab.training.module import LanguageModel
+from attnlab.training.sweeps import in_multirun
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +116,8 @@ def run(cfg: DictConfig, evaluate: Callable[[str], dict[str, Any]] | None = None
     unigram = datamodule.unigram_perplexity()
     log.info("Unigram baseline (add-one, training counts) validation perplexity: %.1f", unigram)
     started = time.perf_counter()
-    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"), weights_only=True)
+    with stop_cleanly(trainer):  # signals, NaN, failed writes -> RunStopped naming the saved step
+        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"), weights_only=True)
     seconds = time.perf_counter() - started
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if torch.as_tensor(v).numel() == 1}
@@ -137,7 +141,7 @@ def run(cfg: DictConfig, evaluate: Callable[[str], dict[str, Any]] | None = None
         "tokens_per_second": tokens_this_run / seconds if seconds > 0 else None,
         "parameters": model.num_parameters(),
         "best_checkpoint": own_file(getattr(checkpoint, "best_model_path", None), out),
-        "last_checkpoint": own_file(getattr(checkpoint, "last_model_path", None), out),
+        "last_checkpoint": own_file(last_checkpoint_path(trainer), out),
         "output_dir": str(out),
     }
     if trainer.is_global_zero and evaluate is not None:
@@ -185,8 +189,11 @@ def main(cfg: DictConfig, evaluate: Callable[[str], dict[str, Any]] | None = Non
     behind; W&B is closed after every run."""
     try:
         return run(cfg, evaluate)
-    except ConfigError as exc:
-        remove_stub(output_dir(cfg))
+    except (ConfigError, RunStopped) as exc:
+        if isinstance(exc, ConfigError):
+            remove_stub(output_dir(cfg))
+        if in_multirun():  # the job fails alone; the sweep callback reports it with the others
+            raise
         raise SystemExit(f"error: {exc}") from None
     finally:
         import wandb

@@ -1,0 +1,119 @@
+"""What a run does when it cannot go on normally: a non-finite loss or gradient, a signal, a failed checkpoint write.
+
+Each ends the run with one line saying what happened and which step ``last.ckpt`` holds, and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torch import Tensor
+
+from attnlab.errors import require_choice
+from attnlab.training.checkpointing import CheckpointWriteError, LastCheckpoint, last_checkpoint_path
+
+log = logging.getLogger(__name__)
+
+ON_NONFINITE = ("stop", "skip")
+
+
+class NonFiniteError(RuntimeError):
+    """The loss or a gradient was NaN/Inf at ``step``; no optimizer step was taken with it."""
+
+    def __init__(self, step: int, what: str) -> None:
+        super().__init__(f"non-finite {what} at step {step}")
+        self.step = step
+
+
+class RunStopped(RuntimeError):
+    """The run ended early (signal, non-finite values, a failed write); the message is the one line to print.
+
+    ``interrupted``: stopped from outside (SIGTERM, SIGINT), so a sweep must stop too rather than start its next job.
+    """
+
+    def __init__(self, message: str, interrupted: bool = False) -> None:
+        super().__init__(message)
+        self.interrupted = interrupted
+
+
+class NonFiniteGuard(Callback):
+    """Before every optimizer step: stop on a NaN/Inf loss or gradient, or (``action=skip``) drop that batch's
+    update, stopping once more than ``max_skipped`` batches were dropped. Parameters never take a non-finite step.
+    """
+
+    def __init__(self, action: str = "stop", max_skipped: int = 10) -> None:
+        require_choice(action, ON_NONFINITE, "callbacks.nonfinite_guard.action")
+        self.action, self.max_skipped = action, max_skipped
+        self.skipped = 0
+        self._losses_finite: list[Tensor] = []  # one flag per micro-batch since the last optimizer step
+
+    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: Tensor) -> None:
+        self._losses_finite.append(torch.isfinite(loss.detach()).all())
+
+    def on_before_optimizer_step(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        grad_norms = torch.stack(torch._foreach_norm(grads)) if grads else torch.zeros(1)
+        losses = torch.stack(self._losses_finite) if self._losses_finite else torch.ones(1, dtype=torch.bool)
+        self._losses_finite = []
+        loss_finite = bool(losses.all())  # a few flags synced per optimizer step, not one per tensor
+        finite = trainer.strategy.reduce_boolean_decision(
+            loss_finite and bool(torch.isfinite(grad_norms).all()), all=True
+        )
+        if finite:
+            return
+        what = "loss" if not loss_finite else "gradient"
+        step = trainer.global_step + 1  # the step this update would have made
+        if self.action == "skip" and self.skipped < self.max_skipped:
+            self.skipped += 1
+            log.warning(
+                "Skipping the update of step %d: non-finite %s (%d/%d)", step, what, self.skipped, self.max_skipped
+            )
+            optimizer.zero_grad(set_to_none=True)  # parameters without a gradient are left alone by the optimizer
+            return
+        raise NonFiniteError(step, what)
+
+
+class ValidateAtEnd(Callback):
+    """Ask for a validation after the last optimizer step, so the final metrics are the final model's."""
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: object, **kwargs: object) -> None:
+        if 0 <= trainer.max_steps <= trainer.global_step:
+            trainer.should_stop = True  # Lightning validates when a stop is requested (training_epoch_loop)
+
+
+def _last_checkpoint(trainer: L.Trainer, note: str = "") -> str:
+    """Where the latest complete state is, in words."""
+    path = last_checkpoint_path(trainer)
+    if path is None:
+        return "no checkpoint was saved"
+    step = next(c._last_global_step_saved for c in trainer.checkpoint_callbacks if isinstance(c, LastCheckpoint))
+    return f"last.ckpt holds step {step}{note}: resume with ckpt_path={path}"
+
+
+@contextmanager
+def stop_cleanly(trainer: L.Trainer) -> Iterator[None]:
+    """Turn the ways a fit ends early into ``RunStopped`` with one line naming the step and the checkpoint."""
+    try:
+        yield
+    except SIGTERMException as exc:
+        raise RunStopped(
+            f"trainer: stopped by SIGTERM at step {trainer.global_step}; {_last_checkpoint(trainer)}", interrupted=True
+        ) from exc
+    except SystemExit as exc:  # Lightning turns Ctrl-C (SIGINT) into sys.exit(1) after its on_exception hooks
+        if not trainer.interrupted:
+            raise
+        message = f"trainer: interrupted at step {trainer.global_step}; {_last_checkpoint(trainer)}"
+        raise RunStopped(message, interrupted=True) from exc
+    except NonFiniteError as exc:
+        hint = "callbacks.nonfinite_guard.action=skip drops such updates, or lower optim.lr"
+        raise RunStopped(f"trainer: {exc} ({hint}); {_last_checkpoint(trainer, ', the last finite state')}") from exc
+    except CheckpointWriteError as exc:
+        raise RunStopped(f"checkpoint: {exc.strerror}; {_last_checkpoint(trainer)}") from exc

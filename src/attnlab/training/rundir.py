@@ -1,0 +1,54 @@
+"""Resuming into the interrupted run's own directory (``hydra.run.dir=<that run>``) loses nothing it wrote.
+
+Lightning's CSV writer deletes an existing ``metrics.csv`` and Hydra overwrites ``.hydra/``; here the metrics
+are appended to (a step logged twice, before the kill and after the resume, keeps both rows: the later one
+counts) and the earlier ``.hydra/`` is kept as ``.hydra-1/``, ``.hydra-2/``, ...
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.loggers.logger import rank_zero_experiment
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
+
+
+class _AppendingWriter(ExperimentWriter):
+    """Continue an existing ``metrics.csv`` (its columns first) instead of deleting it."""
+
+    def _check_log_dir_exists(self) -> None:
+        if self._fs.isfile(self.metrics_file_path):
+            with self._fs.open(self.metrics_file_path, "r", newline="") as fh:
+                self.metrics_keys = list(csv.DictReader(fh).fieldnames or [])
+
+
+class ResumableCSVLogger(CSVLogger):
+    """Lightning's ``CSVLogger`` that appends to the metrics of an earlier part of the same run."""
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> _AppendingWriter:
+        if self._experiment is None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = _AppendingWriter(log_dir=self.log_dir)
+        return self._experiment
+
+
+class KeepEarlierRunConfig(Callback):
+    """Hydra callback: before Hydra writes ``.hydra/`` into a directory that has one, move the old one aside."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        saved = Path(OmegaConf.select(config, "hydra.run.dir")) / str(config.hydra.output_subdir or ".hydra")
+        if not (saved / "config.yaml").is_file():
+            return
+        part = next(n for n in range(1, 10_000) if not saved.with_name(f"{saved.name}-{n}").exists())
+        saved.rename(saved.with_name(f"{saved.name}-{part}"))
+        log.info("Run directory already used: its earlier config is kept in %s-%d", saved, part)

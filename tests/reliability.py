@@ -1,0 +1,71 @@
+"""Helpers for the reliability tests: run train.py as a user would, in a subprocess, and read what it logged."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import MICRO_DATA, MICRO_MODEL, ROOT
+
+# every step logged, last.ckpt every 4 steps, validation every 5
+TINY_RUN = [
+    *MICRO_MODEL,
+    *MICRO_DATA,
+    "trainer=cpu",
+    "callbacks.progress_bar.refresh_rate=0",
+    "trainer.limit_val_batches=2",
+    "trainer.log_every_n_steps=1",
+    "trainer.val_check_interval=5",
+    "callbacks.last_checkpoint.every_n_train_steps=4",
+    "optim.warmup_steps=3",
+]
+
+
+def train_command(overrides: list[str], run_dir: Path, cache_dir: Path) -> list[str]:
+    return [
+        sys.executable,
+        "train.py",
+        *TINY_RUN,
+        *overrides,
+        f"hydra.run.dir={run_dir}",
+        f"paths.cache_dir={cache_dir}",
+    ]
+
+
+def train(overrides: list[str], run_dir: Path, cache_dir: Path, **kwargs) -> subprocess.CompletedProcess:
+    """``python train.py`` to completion (or failure); output captured as text."""
+    return subprocess.run(
+        train_command(overrides, run_dir, cache_dir), cwd=ROOT, capture_output=True, text=True, timeout=600, **kwargs
+    )
+
+
+def train_until(overrides: list[str], run_dir: Path, cache_dir: Path, line: str, sig: signal.Signals) -> str:
+    """Start train.py, send ``sig`` once its output contains ``line``; returns everything it printed."""
+    proc = subprocess.Popen(
+        train_command(overrides, run_dir, cache_dir),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    seen = []
+    for text in proc.stdout:
+        seen.append(text)
+        if line in text:
+            proc.send_signal(sig)
+            break
+    seen.extend(proc.stdout)
+    proc.wait(timeout=120)
+    seen.append(f"[exit {proc.returncode}]")
+    return "".join(seen)
+
+
+def step_losses(run_dir: Path) -> dict[int, float]:
+    """``{step: train/loss}`` from the run's csv/metrics.csv."""
+    rows = csv.DictReader((run_dir / "csv" / "metrics.csv").open())
+    return {int(r["step"]): float(r["train/loss"]) for r in rows if r.get("train/loss")}

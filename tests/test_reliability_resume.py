@@ -1,0 +1,54 @@
+"""Exact resume: a run killed with SIGKILL and resumed from last.ckpt logs the uninterrupted run's losses."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.reliability import step_losses, train, train_until
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory, data_cache: Path) -> dict[int, float]:
+    run_dir = tmp_path_factory.mktemp("uninterrupted")
+    done = train(["trainer.max_steps=16"], run_dir, data_cache)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return step_losses(run_dir)
+
+
+def killed_run(run_dir: Path, cache_dir: Path) -> None:
+    """SIGKILL at step 10 (no chance to save anything), after last.ckpt was written at step 8."""
+    output = train_until(["trainer.max_steps=16"], run_dir, cache_dir, "Saved step 8", signal.SIGKILL)
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 8, output
+
+
+def test_sigkill_then_resume_in_a_new_directory_repeats_the_uninterrupted_losses(
+    uninterrupted: dict[int, float], tmp_path: Path, data_cache: Path
+) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    killed_run(first, data_cache)
+    resumed = train(["trainer.max_steps=16", f"ckpt_path={first}/checkpoints/last.ckpt"], second, data_cache)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    losses = step_losses(second)
+    assert sorted(losses) == list(range(8, 16))
+    assert losses == {step: uninterrupted[step] for step in range(8, 16)}  # bit-exact on CPU fp32
+
+
+def test_resume_into_the_interrupted_directory_keeps_what_it_wrote(
+    uninterrupted: dict[int, float], tmp_path: Path, data_cache: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    killed_run(run_dir, data_cache)
+    before = step_losses(run_dir)
+    resumed = train(["trainer.max_steps=16", f"ckpt_path={run_dir}/checkpoints/last.ckpt"], run_dir, data_cache)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    after = step_losses(run_dir)
+    assert all(after.get(step) == loss for step, loss in before.items() if step < 8)  # the first part is kept
+    assert {step: after[step] for step in range(8, 16)} == {step: uninterrupted[step] for step in range(8, 16)}
+    assert (run_dir / ".hydra-1" / "config.yaml").is_file()  # the first part's config, beside the resumed one's
+    assert "ckpt_path" in (run_dir / ".hydra" / "overrides.yaml").read_text()
