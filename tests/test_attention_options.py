@@ -164,3 +164,11 @@ def test_gpt2_124m_overheads() -> None:
     assert gpt2_overhead({"name": "ssa_shared"})[1] < 0.005
     assert gpt2_overhead({"name": "ssa_feature"})[0] == 12 * 2 * 2 * 12  # beta + alpha per head, q and v
     assert gpt2_overhead({"name": "temp_frequency"})[0] == 12 * 12  # beta per head
+
+
+def test_old_temperature_lr_key_reads_as_variant_lr():
+    """Checkpoints written before the rename still build: their ``temperature_lr`` is the variant's lr."""
+    from attnlab.attention.base import resolve_options
+
+    _, options = resolve_options({"name": "ssa", "temperature_lr": 0.01})
+    assert options.variant_lr == 0.01

@@ -103,7 +103,7 @@ def test_evaluate_cli_runs_the_quick_task_set_on_a_checkpoint_copied_alone(
     assert done.returncode == 0, done.stderr[-3000:]
     assert "attnlab eval [quick]" in done.stdout and "heldout_word_ppl" in done.stdout
     record = json.loads((tmp_path / "eval" / "results.json").read_text())
-    assert set(record["versions"]) == {"passkey", "attnlab_heldout"} and record["lm_eval_version"]
+    assert set(record["versions"]) == {"attnlab_passkey", "attnlab_heldout"} and record["lm_eval_version"]
     assert record["model"]["attnlab_attention"] == ATTENTION
     (row,) = list(csv.DictReader((tmp_path / "r.csv").open()))
     assert row["suite"] == "quick" and float(row["heldout_word_ppl"]) > 1

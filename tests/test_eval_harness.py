@@ -81,7 +81,7 @@ def test_quick_task_set_runs_passkey_and_heldout_offline(lm: AttnlabLM, tmp_path
     assert set(record["passkey"]["per_length"]) == {128, 176}
     assert 0 <= record["passkey"]["overall"] <= 1
     assert {"passkey", "passkey_128", "passkey_176", "heldout_word_ppl", "heldout_bpb"} <= set(record["summary"])
-    assert record["results"]["n-samples"]["passkey"]["effective"] == 4
+    assert record["results"]["n-samples"]["attnlab_passkey"]["effective"] == 4
 
 
 def test_passkey_lengths_beyond_the_window_are_rejected(lm: AttnlabLM, tmp_path: Path) -> None:

@@ -59,12 +59,15 @@ class AttentionContext:
         return mask, False
 
 
+RENAMED_OPTIONS = {"temperature_lr": "variant_lr"}  # old name -> new name (it always set the gates' lr too)
+
+
 @dataclass
 class VariantOptions:
     """Options every variant has. Subclasses add theirs and validate in ``__post_init__``."""
 
     name: str = "vanilla"
-    temperature_lr: float | None = None  # learning rate for the variant's own parameters; None: the model's
+    variant_lr: float | None = None  # lr of the variant's own parameters (temperatures, gates); None: the model's
 
 
 class AttentionVariant(nn.Module):
@@ -163,6 +166,9 @@ def available_attention() -> list[str]:
 def resolve_options(attention: dict[str, Any]) -> tuple[type[AttentionVariant], VariantOptions]:
     """Validate an ``attention`` config mapping into the variant class and its options."""
     values = dict(attention)
+    for old, new in RENAMED_OPTIONS.items():  # checkpoints written before the rename
+        if old in values:
+            values.setdefault(new, values.pop(old))
     name = values.get("name", "vanilla")
     if name not in _PRESETS:
         raise ConfigError("attention.name", f"unknown attention {name!r}; allowed: {', '.join(available_attention())}")

@@ -23,6 +23,7 @@ from attnlab.errors import ConfigError
 from attnlab.eval.heldout import heldout_dataset
 from attnlab.eval.lm import AttnlabLM
 from attnlab.eval.passkey import MAX_NEW_TOKENS, default_lengths, per_length_accuracy
+from attnlab.eval.passkey import TASK as PASSKEY_TASK
 from attnlab.hub import wandb_mode
 from attnlab.runs import output_dir, write_results
 
@@ -38,7 +39,7 @@ def task_metadata(lm: AttnlabLM, suite: dict[str, Any], out_dir: Path, cache_dir
     tokenizer_file = out_dir / "tokenizer.json"
     lm.tokenizer.save(str(tokenizer_file))
     passkey = dict(suite.get("passkey") or {})
-    if "passkey" in suite.get("tasks", []) and not passkey.get("context_lengths"):  # null: follow the model's window
+    if PASSKEY_TASK in suite.get("tasks", []) and not passkey.get("context_lengths"):  # null: follow the model's window
         passkey["context_lengths"] = default_lengths(lm.max_length)
     too_long = [n for n in passkey.get("context_lengths") or [] if n > lm.max_length - MAX_NEW_TOKENS]
     if too_long:
@@ -220,8 +221,8 @@ def evaluate_suite(
             results={k: results[k] for k in ("results", "groups", "versions", "n-samples", "configs") if k in results},
             versions=results["versions"],
         )
-        if "passkey" in results["results"]:
-            passkey = results["results"]["passkey"]
+        if PASSKEY_TASK in results["results"]:
+            passkey = results["results"][PASSKEY_TASK]
             record["passkey"] = {"per_length": per_length_accuracy(passkey), "overall": passkey["acc,none"]}
     if suite.get("analysis") is not None:
         analysis_cfg = dict(suite["analysis"])

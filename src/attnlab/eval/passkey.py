@@ -31,6 +31,7 @@ FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. Th
 NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key."
 QUESTION = "What is the pass key? The pass key is"
 MAX_NEW_TOKENS = 10
+TASK = "attnlab_passkey"  # our lm-eval task (lm-eval's own `passkey` is another task)
 DEFAULT_LENGTHS = (256, 512, 1024, 2048)
 
 

@@ -86,8 +86,8 @@ class LanguageModel(L.LightningModule):
             {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"},
         ]
         if variant_params:
-            temperature_lr = self.model.attention_config.get("temperature_lr") or cfg.lr
-            groups.append({"params": variant_params, "weight_decay": 0.0, "lr": temperature_lr, "name": "variant"})
+            variant_lr = self.model.attention_config.get("variant_lr") or cfg.lr
+            groups.append({"params": variant_params, "weight_decay": 0.0, "lr": variant_lr, "name": "variant"})
         optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
         # The horizon comes from the run, never from trainer.estimated_stepping_batches: reading that reloads the
         # dataloader and drops a stateful loader's restored position (Lightning issue #20550).
