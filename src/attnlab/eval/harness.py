@@ -22,8 +22,8 @@ from omegaconf import OmegaConf
 from attnlab.errors import ConfigError
 from attnlab.eval.heldout import heldout_dataset
 from attnlab.eval.lm import AttnlabLM
-from attnlab.eval.passkey import MAX_NEW_TOKENS, default_lengths, per_length_accuracy
 from attnlab.eval.passkey import TASK as PASSKEY_TASK
+from attnlab.eval.passkey import fitting_lengths, per_length_accuracy
 from attnlab.hub import wandb_mode
 from attnlab.runs import output_dir, write_results
 
@@ -39,19 +39,15 @@ def task_metadata(lm: AttnlabLM, suite: dict[str, Any], out_dir: Path, cache_dir
     tokenizer_file = out_dir / "tokenizer.json"
     lm.tokenizer.save(str(tokenizer_file))
     passkey = dict(suite.get("passkey") or {})
-    if PASSKEY_TASK in suite.get("tasks", []) and not passkey.get("context_lengths"):  # null: follow the model's window
-        passkey["context_lengths"] = default_lengths(lm.max_length)
-    too_long = [n for n in passkey.get("context_lengths") or [] if n > lm.max_length - MAX_NEW_TOKENS]
-    if too_long:
-        raise ConfigError(
-            "eval.passkey.context_lengths",
-            f"{too_long} leave no room for the {MAX_NEW_TOKENS}-token answer in the model's "
-            f"{lm.max_length}-token window (prompts are never truncated)",
+    if PASSKEY_TASK in suite.get("tasks", []):  # null lengths: follow the model's window
+        passkey["context_lengths"] = fitting_lengths(
+            passkey.get("context_lengths"), lm.max_length, "eval.passkey.context_lengths"
         )
     if data.get("name") not in (None, "wiki_sample") and "attnlab_heldout" in suite.get("tasks", []):
         log.warning("attnlab_heldout scores the wiki_sample split, but the model trained on %s", data["name"])
     return {
         "tokenizer": str(tokenizer_file),
+        "max_length": lm.max_length,
         "context_lengths": list(passkey.get("context_lengths") or []) or None,
         "samples_per_length": passkey.get("samples_per_length", 10),
         "passkey_seed": passkey.get("seed", 1234),
@@ -163,6 +159,7 @@ def log_wandb(row: dict[str, Any], record: dict[str, Any], out_dir: Path, wandb_
         name=wandb_cfg.get("name") or f"eval-{row['suite']}-{row['attention']}",
         dir=str(out_dir),
         job_type="eval",
+        tags=wandb_cfg.get("tags"),
         mode=wandb_mode(),
         config={"run": {k: row[k] for k in RUN_FIELDS}, "versions": record.get("versions")},
     )

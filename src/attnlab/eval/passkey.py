@@ -41,6 +41,37 @@ def default_lengths(max_length: int) -> list[int]:
     return [n for n in DEFAULT_LENGTHS if n <= window] or [window // 2, window]
 
 
+def fitting_lengths(requested: Sequence[int] | None, max_length: int, key: str) -> list[int]:
+    """``requested`` (else the defaults for the window), each leaving room for the answer in the model's window:
+    a prompt is never cut to fit, so a length that does not fit is an error (``key`` names the setting)."""
+    lengths = list(requested or default_lengths(max_length))
+    too_long = [n for n in lengths if n > max_length - MAX_NEW_TOKENS]
+    if too_long:
+        raise ConfigError(
+            key,
+            f"{too_long} leave no room for the {MAX_NEW_TOKENS}-token answer in the model's {max_length}-token "
+            "window (prompts are never truncated)",
+        )
+    return lengths
+
+
+def model_window(metadata: dict[str, Any]) -> int | None:
+    """The window of the model lm-eval scores (its model args arrive as task metadata): ``max_length``, else the
+    checkpoint's or the pretrained model's block size; None when the model is not named (a bare dataset)."""
+    if metadata.get("max_length"):
+        return int(metadata["max_length"])
+    if metadata.get("checkpoint"):
+        from attnlab.runs import load_checkpoint
+
+        return int(load_checkpoint(metadata["checkpoint"]).spec["model"]["block_size"])
+    if metadata.get("pretrained"):
+        from attnlab.models.hf import INIT_FROM_PREFIX, config_from_hf, resolve_checkpoint
+
+        directory = resolve_checkpoint(str(metadata["pretrained"]).removeprefix(INIT_FROM_PREFIX))
+        return config_from_hf(json.loads((directory / "config.json").read_text())).block_size
+    return None
+
+
 @dataclass(frozen=True)
 class PasskeyPrompt:
     prompt: str
@@ -103,11 +134,15 @@ def is_correct(output: str, key: int) -> bool:
 
 # ---------------------------------------------------------------------------- the lm-eval task's hooks
 def passkey_dataset(**metadata: Any) -> DatasetDict:
-    """lm-eval ``custom_dataset``: metadata carries the model args (to find the tokenizer) and the task settings."""
+    """lm-eval ``custom_dataset``: metadata carries the model args (the tokenizer, the window the lengths must fit)
+    and the task settings (``attnlab-eval --metadata '{"context_lengths": [...]}'``)."""
     from attnlab.eval.lm import load_tokenizer
 
     tokenizer = load_tokenizer(metadata.get("checkpoint"), metadata.get("pretrained"), metadata.get("tokenizer"))
+    window = model_window(metadata)
     lengths = metadata.get("context_lengths") or DEFAULT_LENGTHS
+    if window is not None:
+        lengths = fitting_lengths(metadata.get("context_lengths"), window, "context_lengths")
     per_length = int(metadata.get("samples_per_length", 10))
     prompts = passkey_prompts(tokenizer, lengths, per_length, int(metadata.get("passkey_seed", 1234)))
     # interleave the lengths, so that lm-eval's `limit` (the first N documents) still covers every length
