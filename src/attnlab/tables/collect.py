@@ -135,8 +135,15 @@ def to_markdown(summary: pd.DataFrame, effect: pd.DataFrame, table: dict[str, An
     return "\n".join(lines) + "\n"
 
 
-def write(records: list[dict[str, Any]], table: dict[str, Any], scale: str, out_dir: Path) -> str:
-    """Write ``<table>.md``, ``<table>.csv`` (tidy), ``effects.csv`` and ``runs.csv`` under ``out_dir``."""
+def write(
+    records: list[dict[str, Any]],
+    table: dict[str, Any],
+    scale: str,
+    out_dir: Path,
+    wandb_cfg: dict[str, Any] | None = None,
+) -> str:
+    """Write ``<table>.md``, ``<table>.csv`` (tidy), ``effects.csv`` and ``runs.csv`` under ``out_dir``; with
+    ``wandb_cfg``, also log the table to W&B (``log_wandb``)."""
     summary, effect = summarise(records, table, scale), effects(records, table, scale)
     markdown = to_markdown(summary, effect, table, scale)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -144,4 +151,25 @@ def write(records: list[dict[str, Any]], table: dict[str, Any], scale: str, out_
     summary.to_csv(out_dir / f"{table['name']}.csv", index=False)
     effect.to_csv(out_dir / "effects.csv", index=False)
     pd.DataFrame(records).to_csv(out_dir / "runs.csv", index=False)
+    if wandb_cfg is not None:
+        log_wandb(summary, effect, wandb_cfg)
     return markdown
+
+
+def log_wandb(summary: pd.DataFrame, effect: pd.DataFrame, wandb_cfg: dict[str, Any]) -> None:
+    """The finished table (tidy, as in ``<table>.csv``) and the effects as W&B Tables, in a run of the table's group
+    (job type table) beside its cells' training and evaluation runs; the verdict counts are its summary.
+    ``wandb_cfg``: project, group, tags and dir."""
+    import wandb
+
+    from attnlab.hub import wandb_mode
+
+    def as_table(frame: pd.DataFrame) -> wandb.Table:
+        return wandb.Table(dataframe=frame.astype(object).where(frame.notna(), None))
+
+    Path(wandb_cfg["dir"]).mkdir(parents=True, exist_ok=True)
+    run = wandb.init(**wandb_cfg, job_type="table", name=wandb_cfg["group"], mode=wandb_mode())
+    run.log({"table": as_table(summary), "effects": as_table(effect)})
+    if len(effect):
+        run.summary.update({f"verdicts/{k}": int(v) for k, v in effect["verdict"].value_counts().items()})
+    run.finish()

@@ -44,6 +44,8 @@ class Cell:
     seed: int
     directory: Path
     overrides: tuple[str, ...] = field(repr=False)
+    cache_dir: str = field(repr=False)  # its data cache (corpus, tokenizer), which evaluation reuses
+    wandb_project: str | None = None  # the W&B project its run logs to (``logger=wandb``), else None
 
     @property
     def finished(self) -> bool:
@@ -88,6 +90,14 @@ class Engine:
         """The table's stages that run at this scale (e.g. paper-scale fine-tuning starts from the hub)."""
         return list(self.settings.get("stages") or self.table["stages"])
 
+    def variants(self, stage: str) -> list[str]:
+        """The stage's own variants (table4 pretrains only the baseline), else the scale's, else the table's."""
+        return (
+            (self.table["stages"][stage] or {}).get("variants")
+            or self.settings.get("variants")
+            or self.table["variants"]
+        )
+
     def stage_overrides(self, stage: str, model: str) -> list[str]:
         common = [*self.settings.get("overrides", []), *self.settings.get("stage_overrides", {}).get(stage, [])]
         salt = [f"+cell_salt={self.salt}"] if self.force else []
@@ -105,7 +115,7 @@ class Engine:
         """Every cell of every stage, in stage order; composing them also validates the whole table's config."""
         cells: dict[tuple, Cell] = {}
         for stage in self.stages():
-            variants = (self.table["stages"][stage] or {}).get("variants") or self.table["variants"]
+            variants = self.variants(stage)
             for row, model in self.settings["rows"].items():
                 for attention in variants:
                     for seed in self.settings["seeds"]:
@@ -116,9 +126,18 @@ class Engine:
                             f"attention={attention}",
                             f"seed={seed}",
                         ]
-                        name = cell_name(self.compose(overrides))
+                        cfg = self.compose(overrides)  # composing is slow (~0.5 s): once per cell
+                        wandb = (cfg.get("logger") or {}).get("wandb")
                         cells[(stage, row, attention, seed)] = Cell(
-                            stage, row, model, attention, seed, self.runs_dir / name, tuple(overrides)
+                            stage,
+                            row,
+                            model,
+                            attention,
+                            seed,
+                            self.runs_dir / cell_name(cfg),
+                            tuple(overrides),
+                            str(cfg.paths.cache_dir),
+                            wandb.project if wandb else None,
                         )
         return list(cells.values())
 
@@ -163,6 +182,23 @@ class Engine:
                 result += [[c for c in cells if c.seed == s] for s in sorted(seeds)]
         return result
 
+    @property
+    def wandb_group(self) -> str:
+        """One W&B group per table and scale (``table3-cpu``): its training, evaluation and table runs."""
+        return f"{self.table['name']}-{self.scale}"
+
+    def wandb_tags(self) -> list[str]:
+        return [self.table["name"], f"scale-{self.scale}"]
+
+    def wandb_overrides(self, stage: str) -> list[str]:
+        """The table's W&B group, the stage as job type and the table and scale as tags (``logger=wandb`` cells)."""
+        tags = ",".join(self.wandb_tags())
+        return [
+            f"logger.wandb.group={self.wandb_group}",
+            f"logger.wandb.job_type={stage}",
+            f"logger.wandb.extra_tags=[{tags}]",
+        ]
+
     def sweep_command(self, cells: list[Cell]) -> list[str]:
         first = cells[0]
         fixed = [o for o in first.overrides if not o.startswith(("attention=", "seed="))]
@@ -177,6 +213,7 @@ class Engine:
             f"seed={seeds}",
             RESUME,
             f"experiment_name={self.table['name']}-{self.scale}-{first.stage}",
+            *(self.wandb_overrides(first.stage) if first.wandb_project else []),
             f"hydra.sweep.dir={self.runs_dir}",
             "hydra.sweep.subdir=${cell_dir:}",
             *self.launcher,
@@ -195,9 +232,6 @@ class Engine:
                 raise ConfigError("table", f"{stage} cells did not finish (re-run to resume): {', '.join(unfinished)}")
 
     # ------------------------------------------------------------------------------------------ evaluation
-    def cache_dir(self, cell: Cell) -> str:
-        return str(self.compose(list(cell.overrides)).paths.cache_dir)
-
     def evaluate(self, cells: list[Cell]) -> list[dict[str, Any]]:
         """Each cell's evaluation columns, computed once per (cell, suite) and cached in ``<cell>/eval/<suite>``."""
         import json
@@ -209,7 +243,8 @@ class Engine:
         for cell in cells:
             out = cell.directory / "eval" / suite["name"]
             if not (out / "results.json").is_file():
-                evaluate_cell(cell, suite, out, limit=spec.get("limit"), cache_dir=self.cache_dir(cell))
+                wandb_cfg = self.eval_wandb(cell)
+                evaluate_cell(cell, suite, out, limit=spec.get("limit"), cache_dir=cell.cache_dir, wandb_cfg=wandb_cfg)
             summary = json.loads((out / "results.json").read_text())["summary"]
             records.append(
                 {"stage": cell.stage, "row": cell.row, "model": cell.model, "attention": cell.attention}
@@ -218,8 +253,28 @@ class Engine:
             )
         return records
 
+    def eval_wandb(self, cell: Cell) -> dict[str, Any] | None:
+        """A ``logger=wandb`` cell's evaluation as a run (job type eval) in the table's group, named and tagged as
+        its training run, with the evaluation's numbers as its summary."""
+        if cell.wandb_project is None:
+            return None
+        return {
+            "project": cell.wandb_project,
+            "group": self.wandb_group,
+            "name": f"{cell.model}-{cell.attention}-s{cell.seed}",
+            "tags": [cell.attention, cell.model, f"seed-{cell.seed}", cell.stage, *self.wandb_tags()],
+        }
 
-def evaluate_cell(cell: Cell, suite: dict[str, Any], out: Path, *, limit: int | None, cache_dir: str) -> None:
+
+def evaluate_cell(
+    cell: Cell,
+    suite: dict[str, Any],
+    out: Path,
+    *,
+    limit: int | None,
+    cache_dir: str,
+    wandb_cfg: dict[str, Any] | None = None,
+) -> None:
     """The eval API on the cell's last checkpoint; the held-out split is the one recorded inside it."""
     import torch
 
@@ -227,7 +282,7 @@ def evaluate_cell(cell: Cell, suite: dict[str, Any], out: Path, *, limit: int | 
     from attnlab.eval.lm import AttnlabLM
 
     lm = AttnlabLM(checkpoint=str(cell.checkpoint), device="cuda" if torch.cuda.is_available() else "cpu")
-    evaluate_suite(lm, suite, out, limit=limit, seed=1234, cache_dir=cache_dir)
+    evaluate_suite(lm, suite, out, limit=limit, seed=1234, cache_dir=cache_dir, wandb_cfg=wandb_cfg)
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:

@@ -30,6 +30,7 @@ from attnlab.runs import (
 )
 from attnlab.training.checkpointing import last_checkpoint_path
 from attnlab.training.guards import RunStopped, stop_cleanly
+from attnlab.training.loggers import log_results
 from attnlab.training.module import LanguageModel
 from attnlab.training.sweeps import in_multirun
 
@@ -149,6 +150,7 @@ def run(cfg: DictConfig, evaluate: Callable[[str], dict[str, Any]] | None = None
         require(target is not None, "eval.after_train", "training saved no checkpoint to evaluate")
         results["eval"] = evaluate(target)
     if trainer.is_global_zero:
+        log_results(loggers, results)
         write_results(out / "results.json", results)
         print(summary(results))
     return results
