@@ -1,9 +1,15 @@
-"""The table engine end to end at smoke scale (real multiruns, evaluation, collector), and its pieces."""
+"""The table engine end to end at smoke scale (real multiruns, evaluation, collector, W&B offline), and its pieces.
+
+One smoke reproduction (table3's smoke scale: 4 cells of a few steps, logged to W&B offline) is shared by the
+engine tests; the W&B runs are read back from their ``.wandb`` files with wandb's own protobuf records.
+"""
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -24,21 +30,51 @@ def load_table(name: str) -> dict:
 
 
 def smoke_table() -> dict:
-    """Table 3 at smoke scale with one row and one variant, so the end-to-end test stays within about a minute."""
-    table = load_table("table3")
-    table["scales"]["smoke"]["rows"] = {"Pythia-160m": "tiny-neox"}
-    table["variants"] = ["vanilla", "ssa"]
-    return table
+    return load_table("table3")
+
+
+def wandb_runs(directory: Path) -> list[dict]:
+    """The offline W&B runs directly under ``directory/wandb``: group, job type, name, tags and summary, read from
+    each run's ``.wandb`` file (LevelDB-style log blocks of wandb's protobuf ``Record``s)."""
+    from wandb.proto import wandb_internal_pb2
+
+    block, header = 32768, 7
+    runs = []
+    for path in sorted(directory.glob("wandb/offline-run-*/run-*.wandb")):
+        data, pos, buffer = path.read_bytes(), 7, b""  # after the file header (":W&B", magic, version)
+        run: dict = {"summary": {}}
+        while pos + header <= len(data):
+            if block - pos % block < header:  # a block's tail too short for a header is padding
+                pos += block - pos % block
+                continue
+            _, length, kind = struct.unpack("<IHB", data[pos : pos + header])
+            chunk, pos = data[pos + header : pos + header + length], pos + header + length
+            buffer = chunk if kind in (1, 2) else buffer + chunk  # full / first; middle and last append
+            if kind not in (1, 4):
+                continue
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(buffer)
+            if record.WhichOneof("record_type") == "run":
+                found = record.run
+                run |= {"group": found.run_group, "job_type": found.job_type, "name": found.display_name}
+                run["tags"] = set(found.tags)
+            elif record.WhichOneof("record_type") == "summary":
+                run["summary"] |= {
+                    i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.summary.update
+                }
+        runs.append(run)
+    return runs
 
 
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory: pytest.TempPathFactory, data_cache: Path) -> dict:
+    """``make reproduce-table3 SCALE=smoke ARGS=logger=wandb`` into a temporary directory (offline W&B)."""
     tmp = tmp_path_factory.mktemp("tables")
     settings = {
         "root": ROOT,
         "runs_dir": tmp / "runs",
         "results_dir": tmp / "results",
-        "args": [f"paths.cache_dir={data_cache}"],
+        "args": [f"paths.cache_dir={data_cache}", "logger=wandb"],
     }
     markdown = reproduce(smoke_table(), "smoke", **settings)
     return {"settings": settings, "markdown": markdown, "tmp": tmp}
@@ -52,22 +88,44 @@ def test_smoke_table_end_to_end(smoke_run: dict) -> None:
     import pandas as pd
 
     runs = pd.read_csv(results / "runs.csv")
-    assert len(runs) == 2 * 2 * 2  # stages x variants x seeds
+    assert len(runs) == 2 * 2 * 1  # stages x variants x seeds
     assert runs["continuation_acc_norm"].between(0, 1).all() and (runs["heldout_word_ppl"] > 1).all()
     effects = pd.read_csv(results / "effects.csv")
     assert set(effects["verdict"]) <= {REPRODUCES, OPPOSITE, INCONCLUSIVE}
     assert len(effects) == 2 * 1 * 4  # stages x variants x columns that ran
     finetuned = sorted((smoke_run["settings"]["runs_dir"]).glob("*/.hydra/overrides.yaml"))
     starts = [p.read_text() for p in finetuned if "model.init_from" in p.read_text()]
-    assert len(starts) == 2 * 2 and all("vanilla-s" in s for s in starts)
+    assert len(starts) == 2 and all("vanilla-s1" in s for s in starts)
+
+
+def test_smoke_sweep_logs_one_wandb_run_per_job(smoke_run: dict) -> None:
+    """Training runs (job type = stage) carry results.json's numbers; each evaluation is a run in the same group;
+    the finished table is a run of its own there."""
+    engine = Engine(smoke_table(), "smoke", **{k: v for k, v in smoke_run["settings"].items() if k != "results_dir"})
+    for cell in engine.cells():
+        (train,) = wandb_runs(cell.directory)
+        assert train["group"] == "table3-smoke" and train["job_type"] == cell.stage
+        assert train["name"] == f"{cell.model}-{cell.attention}-s{cell.seed}"
+        assert {cell.model, cell.attention, "seed-1", "scale-smoke", "table3"} <= train["tags"]
+        results = json.loads((cell.directory / "results.json").read_text())
+        for key in ("unigram_ppl", "parameters", "tokens_per_second", "val_ppl"):
+            assert train["summary"][key] == pytest.approx(results[key])
+        (evaluation,) = wandb_runs(cell.directory / "eval" / "table3_cpu")
+        assert evaluation["group"] == "table3-smoke" and evaluation["job_type"] == "eval"
+        assert {cell.stage, "seed-1", "scale-smoke"} <= evaluation["tags"]
+        assert evaluation["summary"]["heldout_word_ppl"] > 1
+    (table,) = wandb_runs(smoke_run["settings"]["runs_dir"])
+    assert table["group"] == "table3-smoke" and table["job_type"] == "table"
+    assert table["summary"]["table"]["_type"] == "table-file" and "verdicts/inconclusive" in table["summary"]
 
 
 def test_rerun_recomputes_nothing(smoke_run: dict) -> None:
     runs_dir = smoke_run["settings"]["runs_dir"]
-    before = {p: p.stat().st_mtime_ns for p in runs_dir.rglob("*") if p.is_file()}
+    cells = [p for p in runs_dir.iterdir() if p.name != "wandb"]  # runs_dir/wandb: the tables' own W&B runs
+    before = {p: p.stat().st_mtime_ns for cell in cells for p in cell.rglob("*") if p.is_file()}
     reproduce(smoke_table(), "smoke", **smoke_run["settings"])
-    after = {p: p.stat().st_mtime_ns for p in runs_dir.rglob("*") if p.is_file()}
-    assert before == after
+    after = {p: p.stat().st_mtime_ns for cell in cells for p in cell.rglob("*") if p.is_file()}
+    assert before == after and sorted(p for p in runs_dir.iterdir() if p.name != "wandb") == sorted(cells)
 
 
 def test_table4_shares_table3_cells_and_force_makes_new_ones(smoke_run: dict) -> None:
@@ -77,7 +135,7 @@ def test_table4_shares_table3_cells_and_force_makes_new_ones(smoke_run: dict) ->
     assert all(c.finished for c in cells)
     table4 = Engine(load_table("table4"), "smoke", root=ROOT, runs_dir=settings["runs_dir"], args=settings["args"])
     pretrain = [c for c in table4.cells() if c.stage == "pretrain"]
-    assert len(pretrain) == 2 and all(c.finished for c in pretrain)  # table3's vanilla cells, not trained again
+    assert len(pretrain) == 1 and all(c.finished for c in pretrain)  # table3's vanilla cells, not trained again
     assert {c.directory for c in pretrain} <= {c.directory for c in cells}
     forced = Engine(smoke_table(), "smoke", root=ROOT, runs_dir=settings["runs_dir"], args=settings["args"], force=True)
     fresh = forced.cells()
@@ -94,6 +152,17 @@ def test_interrupted_cell_resumes_from_its_last_checkpoint(smoke_run: dict) -> N
     assert cell.finished
     log = next(cell.directory.glob("*.log")).read_text()
     assert "Restoring states from the checkpoint path" in log or "Resuming" in log
+
+
+def test_passkey_lengths_beyond_the_window_are_one_error_line_in_attnlab_eval(smoke_run: dict) -> None:
+    """Through lm-eval's CLI too, prompts are never cut to fit: the smoke model's window is 256 tokens."""
+    engine = Engine(smoke_table(), "smoke", root=ROOT, runs_dir=smoke_run["settings"]["runs_dir"])
+    checkpoint = engine.cells()[0].checkpoint
+    command = [sys.executable, "-m", "attnlab.eval", "--model", "attnlab", "--model_args", f"checkpoint={checkpoint}"]
+    command += ["--tasks", "attnlab_passkey", "--metadata", '{"context_lengths": [200, 1024]}', "--limit", "1"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("error: context_lengths: [1024] leave no room")
 
 
 def test_verdicts() -> None:
