@@ -188,3 +188,24 @@ def test_paper_scale_composes_and_fails_fast_offline(tmp_path: Path) -> None:
 def test_unknown_scale_is_one_line_error() -> None:
     with pytest.raises(ConfigError, match="scale: one of smoke, cpu, paper"):
         Engine(load_table("table3"), "huge", root=ROOT, runs_dir=Path("unused"))
+
+
+@pytest.mark.parametrize(
+    ("notebook", "printed"),
+    [("tables.ipynb", "column(s) plotted -> table3-finetune.png"), ("training_curves.ipynb", "steps to reach vanilla")],
+)
+def test_notebooks_execute_on_the_smoke_results(
+    smoke_run: dict, notebook: str, printed: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """notebooks/tables.ipynb and training_curves.ipynb run top to bottom on the smoke reproduction's CSVs."""
+    import nbclient
+    import nbformat
+
+    path = ROOT / "notebooks" / notebook
+    results = smoke_run["settings"]["results_dir"]
+    monkeypatch.setenv("ATTNLAB_TABLE_RESULTS", str(results))
+    executed = nbformat.read(path, as_version=4)
+    resources = {"metadata": {"path": str(path.parent)}}
+    nbclient.NotebookClient(executed, timeout=300, kernel_name="python3", resources=resources).execute()
+    text = "".join(o.get("text", "") for c in executed.cells if c.cell_type == "code" for o in c.outputs)
+    assert printed in text and list(results.glob("*.png"))
