@@ -85,6 +85,16 @@ class AttentionVariant(nn.Module):
         self.shape = shape
         self.options = options
         self.scale = 1.0 / math.sqrt(shape.head_dim)
+        self.recorded: dict[str, list[Tensor]] | None = None  # analysis sets {} to collect what ``record`` gets
+
+    def probes(self) -> list[str]:
+        """Names of the values this variant ``record``s for analysis ("gate", "temperature_q", ...)."""
+        return []
+
+    def record(self, name: str, value: Tensor) -> None:
+        """Keep ``value`` (fp32, on the CPU) while analysis collects (``recorded`` is a dict); a no-op otherwise."""
+        if self.recorded is not None:
+            self.recorded.setdefault(name, []).append(value.detach().float().cpu())
 
     def reset_parameters(self) -> None:
         """Pretraining init of the variant's own parameters (called after the model's global init)."""
