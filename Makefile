@@ -46,10 +46,10 @@ bench: $(STAMP)  ## time a training step of every attention variant vs vanilla -
 	$(PY) -m attnlab.bench --out experiments/results/bench/$$($(PY) -c "import torch; print('gpu' if torch.cuda.is_available() else 'cpu')")-$$(date +%Y%m%d-%H%M%S).md $(ARGS)
 
 reproduce-table1: $(STAMP)  ## SSA Table 1 / Figure 3 (synthetic graph, 5 seeds, ~4 min on 2 cores) -> experiments/results/table1/
-	$(PY) experiments/reproduce_synthetic.py experiment=table1/default $(ARGS)
+	$(PY) experiments/reproduce_synthetic.py synthetic_table=table1/default $(ARGS)
 
 reproduce-table2: $(STAMP)  ## SSA Table 2 (synthetic denoising + L/sigma sweep, ~5 min on 2 cores) -> experiments/results/table2/
-	$(PY) experiments/reproduce_synthetic.py experiment=table2/default $(ARGS)
+	$(PY) experiments/reproduce_synthetic.py synthetic_table=table2/default $(ARGS)
 
 reproduce-table3: $(STAMP)  ## SSA Table 3 (pretrain + fine-tune, 3 seeds; SCALE=cpu|paper|smoke) -> experiments/results/table3/
 	$(TABLE) table=table3

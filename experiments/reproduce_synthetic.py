@@ -1,6 +1,7 @@
-"""Reproduce the SSA paper's synthetic tables: ``python experiments/reproduce_synthetic.py experiment=table1/default``
-(or ``table2/default``; ``.../quick`` for a smoke run). Writes Markdown, CSV (and Figure 3's PNG) under
-``experiments/results/<table>/`` and prints the table beside the paper's numbers."""
+"""Reproduce the SSA paper's synthetic tables:
+``python experiments/reproduce_synthetic.py synthetic_table=table1/default`` (or ``table2/default``; ``.../quick``
+for a smoke run). Writes Markdown, CSV (and Figure 3's PNG) under ``experiments/results/<table>/`` and prints the
+table beside the paper's numbers."""
 
 import sys
 import time

@@ -1,14 +1,12 @@
-"""Attention options: bad values fail at construction naming the key, YAMLs equal the registered presets,
+"""Attention options: bad values fail at construction naming the key, Hydra offers every registered preset,
 parameter overheads equal their formulas (tiny model and GPT-2 124M)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, fields
-from pathlib import Path
+from dataclasses import asdict
 
 import pytest
 import torch
-import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
@@ -17,8 +15,8 @@ from attnlab.attention import available_attention, resolve_options
 from attnlab.errors import ConfigError
 from attnlab.models.config import ModelConfig
 from attnlab.models.gpt import GPT
+from tests.conftest import CONF
 
-ATTENTION_CONF = Path(__file__).resolve().parents[1] / "conf" / "attention"
 TINY = {"n_layer": 2, "n_head": 4, "n_kv_head": 2, "n_embd": 32, "vocab_size": 61, "block_size": 32}
 GPT2 = {"n_layer": 12, "n_head": 12, "n_embd": 768, "vocab_size": 50257, "block_size": 1024}
 
@@ -57,31 +55,22 @@ def test_bad_options_fail_at_construction(attention: dict, key: str, says: str) 
     assert says in str(error.value)
 
 
-def test_every_registered_name_has_a_yaml_and_back() -> None:
-    assert sorted(p.stem for p in ATTENTION_CONF.glob("*.yaml")) == available_attention()
-
-
-# Options the YAML binds to another config key (resolved by Hydra); Python callers get the preset's default
-INTERPOLATED = {("clipped_softmax", "context_length"): "${oc.select:data.block_size,null}"}
-
-
 @pytest.mark.parametrize("name", available_attention())
-def test_yaml_lists_every_option_with_the_presets_value(name: str) -> None:
-    values = yaml.safe_load((ATTENTION_CONF / f"{name}.yaml").read_text())
-    variant, options = resolve_options({"name": name})
-    for key, value in values.items():
-        if isinstance(value, str) and value.startswith("${"):
-            assert INTERPOLATED.get((name, key)) == value
-            values[key] = asdict(options)[key]
-    assert list(values) == [f.name for f in fields(variant.Options)]
-    assert values == asdict(options)
-    assert resolve_options(values)[1] == options
+def test_hydra_offers_every_preset_with_its_defaults(make_config, name: str) -> None:
+    """``attention=<name>`` is generated from the registry: it builds the same options as the name alone, and
+    clipped softmax's T_ctx follows the training context."""
+    cfg = make_config([f"attention={name}", "data.block_size=128"])
+    composed = OmegaConf.to_container(cfg.attention, resolve=True)
+    expected = asdict(resolve_options({"name": name})[1])
+    if name == "clipped_softmax":
+        expected["context_length"] = 128
+    assert composed == expected
 
 
 def test_hydra_group_override() -> None:
     """``attention=ssa_tok_only attention.components=[q]`` composes into options the variant accepts."""
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(ATTENTION_CONF.parent), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(overrides=["+attention=ssa_tok_only", "attention.components=[q]"])
     options = resolve_options(OmegaConf.to_container(cfg.attention))[1]
     assert (options.name, options.components, options.terms) == ("ssa_tok_only", ["q"], ["token"])

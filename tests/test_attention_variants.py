@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.attention import AttentionContext, available_attention, resolve_options
-from attnlab.attention.variants.gate import Gate
-from attnlab.attention.variants.head_gate import HeadGate
+from attnlab.attention.variants.gated import HeadGate
+from attnlab.attention.variants.gated_sdpa import Gate
 from attnlab.attention.variants.selective_temperature import SelectiveTemperature
 from attnlab.models.config import ModelConfig
 from attnlab.models.gpt import GPT

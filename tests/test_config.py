@@ -6,7 +6,7 @@ import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from attnlab.attention import resolve_options
+from attnlab.attention import available_attention, resolve_options
 from attnlab.models import ModelConfig
 from tests.conftest import CONF
 
@@ -14,6 +14,9 @@ GROUPS = ["model", "attention", "data", "trainer", "logger", "callbacks", "paths
 
 
 def options(group: str) -> list[str]:
+    """The group's options: its YAML files; attention's are generated from the variant registry."""
+    if group == "attention":
+        return available_attention()
     return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
 
 

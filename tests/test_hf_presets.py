@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
 
 from attnlab.models import GPT, ModelConfig
 from attnlab.models.hf import RUNTIME_FIELDS, config_from_hf
@@ -92,12 +94,15 @@ HF_MODELS["llama"] = ("LlamaConfig", "LlamaForCausalLM")
 
 
 def load_preset(name: str) -> dict:
-    return yaml.safe_load((PRESETS / f"{name}.yaml").read_text())
+    """``model=<name>`` as Hydra composes it: ModelConfig's defaults with what the YAML states on top."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(PRESETS.parent), version_base="1.3"):
+        return OmegaConf.to_container(compose(overrides=[f"+model={name}"]).model)
 
 
 @pytest.mark.parametrize("path", sorted(PRESETS.glob("*.yaml")), ids=lambda p: p.stem)
-def test_preset_lists_every_field_and_builds(path: Path) -> None:
-    values = yaml.safe_load(path.read_text())
+def test_preset_composes_every_field_and_builds(path: Path) -> None:
+    values = load_preset(path.stem)
     assert set(values) == {f.name for f in fields(ModelConfig)}
     assert values["name"] == path.stem
     ModelConfig.from_dict(values)

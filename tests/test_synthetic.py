@@ -40,7 +40,7 @@ LOOKUP = {"name": "temp_lookup", "num_groups": 4, "token_groups": GROUPS}
 def compose_synthetic(experiment: str, output_dir: Path):
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="synthetic", overrides=[f"experiment={experiment}"])
+        cfg = compose(config_name="synthetic", overrides=[f"synthetic_table={experiment}"])
     GlobalHydra.instance().clear()
     with open_dict(cfg):
         cfg.results_dir = str(output_dir)

@@ -16,6 +16,7 @@ from attnlab.attention.base import (
     register,
     register_preset,
     resolve_options,
+    store_presets,
 )
 
 for _module in pkgutil.iter_modules(variants.__path__):
@@ -33,4 +34,5 @@ __all__ = [
     "register",
     "register_preset",
     "resolve_options",
+    "store_presets",
 ]

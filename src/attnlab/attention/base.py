@@ -9,7 +9,7 @@ A variant overrides only the hooks its math needs, so its equations fit on one s
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar
 
 import torch
@@ -69,6 +69,9 @@ class VariantOptions:
     name: str = "vanilla"
     variant_lr: float | None = None  # lr of the variant's own parameters (temperatures, gates); None: the model's
 
+    # Options whose Hydra default is another config key (resolved when composing); Python callers get the field's.
+    config_interpolations: ClassVar[dict[str, str]] = {}
+
 
 class AttentionVariant(nn.Module):
     """Identity hooks = vanilla attention through ``F.scaled_dot_product_attention``."""
@@ -82,6 +85,16 @@ class AttentionVariant(nn.Module):
         self.shape = shape
         self.options = options
         self.scale = 1.0 / math.sqrt(shape.head_dim)
+        self.recorded: dict[str, list[Tensor]] | None = None  # analysis sets {} to collect what ``record`` gets
+
+    def probes(self) -> list[str]:
+        """Names of the values this variant ``record``s for analysis ("gate", "temperature_q", ...)."""
+        return []
+
+    def record(self, name: str, value: Tensor) -> None:
+        """Keep ``value`` (fp32, on the CPU) while analysis collects (``recorded`` is a dict); a no-op otherwise."""
+        if self.recorded is not None:
+            self.recorded.setdefault(name, []).append(value.detach().float().cpu())
 
     def reset_parameters(self) -> None:
         """Pretraining init of the variant's own parameters (called after the model's global init)."""
@@ -180,6 +193,18 @@ def resolve_options(attention: dict[str, Any]) -> tuple[type[AttentionVariant], 
             f"attention.{unknown[0]}", f"not an option of attention={name}; allowed: {', '.join(sorted(allowed))}"
         )
     return preset.variant, preset.variant.Options(**{**preset.defaults, **values, "name": name})
+
+
+def store_presets() -> None:
+    """Offer every registered preset as ``attention=<name>``: Hydra's node is the Options dataclass's defaults,
+    so a default is written once (in the dataclass, or in ``register``/``register_preset`` where a preset differs)."""
+    from hydra.core.config_store import ConfigStore
+
+    for name in available_attention():
+        _, options = resolve_options({"name": name})
+        ConfigStore.instance().store(
+            group="attention", name=name, node={**asdict(options), **type(options).config_interpolations}
+        )
 
 
 def build_variant(attention: dict[str, Any], shape: AttentionShape) -> AttentionVariant:

@@ -25,6 +25,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from attnlab.data.corpus import CORPUS_VERSION, wiki_sample_documents
 from attnlab.data.tokenizer import eos_token_id, load_pretrained_tokenizer, train_bpe_tokenizer
+from attnlab.defaults import CACHE_DIR, DATA_SEED
 from attnlab.errors import ConfigError, require_choice
 from attnlab.hub import use_cache_only_if_offline
 
@@ -64,9 +65,9 @@ class TextDataModule(L.LightningDataModule):
         batch_size: int = 16,
         num_workers: int = 0,
         shuffle_buffer: int = 10000,
-        seed: int = 1337,
+        seed: int = DATA_SEED,
         shuffle_seed: int | None = None,
-        cache_dir: str = ".cache/attnlab",
+        cache_dir: str = CACHE_DIR,
     ) -> None:
         super().__init__()
         require_choice(source, SOURCES, "data.source")

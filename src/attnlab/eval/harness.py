@@ -19,6 +19,7 @@ from typing import Any
 from filelock import FileLock
 from omegaconf import OmegaConf
 
+from attnlab.defaults import CACHE_DIR, DATA_SEED, EVAL_SEED
 from attnlab.errors import ConfigError
 from attnlab.eval.heldout import heldout_dataset
 from attnlab.eval.lm import AttnlabLM
@@ -50,9 +51,9 @@ def task_metadata(lm: AttnlabLM, suite: dict[str, Any], out_dir: Path, cache_dir
         "max_length": lm.max_length,
         "context_lengths": list(passkey.get("context_lengths") or []) or None,
         "samples_per_length": passkey.get("samples_per_length", 10),
-        "passkey_seed": passkey.get("seed", 1234),
+        "passkey_seed": passkey.get("seed", EVAL_SEED),
         "cache_dir": str(cache_dir),
-        "data_seed": data.get("seed") or 1337,
+        "data_seed": data.get("seed") or DATA_SEED,
         "val_fraction": data.get("val_fraction") or 0.1,
     }
 
@@ -185,8 +186,8 @@ def evaluate_suite(
     out_dir: Path,
     *,
     limit: int | None = None,
-    seed: int = 1234,
-    cache_dir: str = ".cache/attnlab",
+    seed: int = EVAL_SEED,
+    cache_dir: str = CACHE_DIR,
     results_csv: Path | None = None,
     run_id: str = "",
     wandb_cfg: dict[str, Any] | None = None,
@@ -246,7 +247,7 @@ def evaluate_suite(
 def heldout_texts(data: dict[str, Any], cache_dir: str) -> list[str]:
     """The documents the training run held out of the embedded corpus: the analysis' default evaluation text."""
     docs = heldout_dataset(
-        data_seed=data.get("seed") or 1337, val_fraction=data.get("val_fraction") or 0.1, cache_dir=cache_dir
+        data_seed=data.get("seed") or DATA_SEED, val_fraction=data.get("val_fraction") or 0.1, cache_dir=cache_dir
     )["test"]
     return list(docs["text"])
 

@@ -6,6 +6,8 @@ from typing import Any
 
 from datasets import DatasetDict
 
+from attnlab.defaults import CACHE_DIR, DATA_SEED
+
 
 def heldout_dataset(**metadata: Any) -> DatasetDict:
     """lm-eval ``custom_dataset``: the validation documents of ``TextDataModule(source="wiki_sample")``.
@@ -19,8 +21,8 @@ def heldout_dataset(**metadata: Any) -> DatasetDict:
         name="wiki_sample",
         source="wiki_sample",
         val_fraction=float(metadata.get("val_fraction", 0.1)),
-        seed=int(metadata.get("data_seed", 1337)),
-        cache_dir=str(metadata.get("cache_dir", ".cache/attnlab")),
+        seed=int(metadata.get("data_seed", DATA_SEED)),
+        cache_dir=str(metadata.get("cache_dir", CACHE_DIR)),
     )
     docs = datamodule.validation_documents().select_columns(["text"])
     return DatasetDict(test=docs)

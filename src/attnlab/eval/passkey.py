@@ -21,6 +21,7 @@ from typing import Any
 from datasets import Dataset, DatasetDict
 from tokenizers import Tokenizer
 
+from attnlab.defaults import DATA_SEED, EVAL_SEED
 from attnlab.errors import ConfigError
 
 INTRO = (
@@ -144,7 +145,7 @@ def passkey_dataset(**metadata: Any) -> DatasetDict:
     if window is not None:
         lengths = fitting_lengths(metadata.get("context_lengths"), window, "context_lengths")
     per_length = int(metadata.get("samples_per_length", 10))
-    prompts = passkey_prompts(tokenizer, lengths, per_length, int(metadata.get("passkey_seed", 1234)))
+    prompts = passkey_prompts(tokenizer, lengths, per_length, int(metadata.get("passkey_seed", EVAL_SEED)))
     # interleave the lengths, so that lm-eval's `limit` (the first N documents) still covers every length
     order = sorted(range(len(prompts)), key=lambda i: (i % per_length, i // per_length))
     rows = [
@@ -190,7 +191,7 @@ def passkey_datamodule(
     lengths: Sequence[int],
     cache_dir: str,
     name: str = "passkey",
-    seed: int = 1337,
+    seed: int = DATA_SEED,
     tokenizer: str | None = None,
     tokenizer_vocab_size: int = 1024,
     **datamodule_kwargs: Any,

@@ -15,6 +15,7 @@ from typing import Any
 
 from datasets import Dataset, DatasetDict
 
+from attnlab.defaults import EVAL_SEED
 from attnlab.eval.heldout import heldout_dataset
 
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
@@ -45,7 +46,7 @@ def lastword_dataset(**metadata: Any) -> DatasetDict:
             match = LAST_WORD.match(sentence)
             if match:
                 rows.append({"context": f"{previous} {match['context']}", "target": f" {match['word']}"})
-    random.Random(int(metadata.get("standin_seed", 1234))).shuffle(rows)  # `limit` then samples every document
+    random.Random(int(metadata.get("standin_seed", EVAL_SEED))).shuffle(rows)  # `limit` then samples every document
     return DatasetDict(test=Dataset.from_list(rows))
 
 
@@ -57,7 +58,7 @@ def continuation_dataset(**metadata: Any) -> DatasetDict:
     counts = Counter(word for sentences in documents for s in sentences for word in s.split() if WORD.fullmatch(word))
     by_frequency = [word for word, _ in counts.most_common()]
     rank = {word: i for i, word in enumerate(by_frequency)}
-    rng = random.Random(int(metadata.get("standin_seed", 1234)))
+    rng = random.Random(int(metadata.get("standin_seed", EVAL_SEED)))
     rows = []
     for previous, sentence in itertools.pairwise(itertools.chain.from_iterable(documents)):
         words = sentence.split()

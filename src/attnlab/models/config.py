@@ -1,8 +1,9 @@
-"""The model's architecture as one plain dataclass: presets are YAML files in conf/model, checkpoints store it."""
+"""The model's architecture as one plain dataclass: its defaults are every preset's base (conf/model/*.yaml state
+only what differs), checkpoints store it."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 from attnlab.errors import ConfigError, require, require_choice
@@ -94,3 +95,11 @@ class ModelConfig:
         if unknown:
             raise ConfigError(f"model.{unknown[0]}", f"unknown key; allowed: {', '.join(sorted(known))}")
         return cls(**values)
+
+
+def store_defaults() -> None:
+    """``/model_defaults``: the dataclass's defaults as the Hydra node every conf/model preset extends."""
+    from hydra.core.config_store import ConfigStore
+
+    defaults = {f.name: f.default_factory() if f.default is MISSING else f.default for f in fields(ModelConfig)}
+    ConfigStore.instance().store(name="model_defaults", node=defaults)

@@ -8,6 +8,7 @@ rows (the softmax is exact) and only a (chunk x T) score block exists at a time,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +28,8 @@ class ClippedSoftmaxOptions(VariantOptions):
     alpha: float | None = 12.0  # gamma = -alpha / T_ctx (their OPT-125m run: alpha 12, T_ctx 512)
     context_length: int | None = None  # T_ctx, the training context; None: model.block_size
     chunk_size: int = 256  # queries per chunk of the memory-bounded path
+
+    config_interpolations: ClassVar[dict[str, str]] = {"context_length": "${oc.select:data.block_size,null}"}
 
     def __post_init__(self) -> None:
         require(self.zeta >= 1, "attention.zeta", f"must be >= 1, got {self.zeta}")

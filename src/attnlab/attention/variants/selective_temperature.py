@@ -140,11 +140,16 @@ class SelectiveTemperature(AttentionVariant):
         for temperature in self.temperatures.values():
             temperature.reset_parameters(self.options.alpha_init_finetune)
 
+    def probes(self) -> list[str]:
+        return [f"temperature_{c}" for c in self.temperatures]
+
     def transform_qkv(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext):
         log_n = torch.log(ctx.positions.float() + 1).unsqueeze(-1)  # (T, 1), absolute positions
         qkv = {"q": q, "k": k, "v": v}
         for c, temperature in self.temperatures.items():
-            qkv[c] = qkv[c] * temperature(x, qkv[c], log_n, ctx.token_features).to(qkv[c].dtype)
+            tau = temperature(x, qkv[c], log_n, ctx.token_features)
+            self.record(f"temperature_{c}", tau.expand(*qkv[c].shape[:-1], 1))
+            qkv[c] = qkv[c] * tau.to(qkv[c].dtype)
         return qkv["q"], qkv["k"], qkv["v"]
 
 

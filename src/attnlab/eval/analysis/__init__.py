@@ -13,7 +13,7 @@ from attnlab.eval.analysis.selectivity import (
     temperature_png,
     token_temperatures,
 )
-from attnlab.eval.analysis.sinks import attention_sinks, gate_statistics, gate_values
+from attnlab.eval.analysis.sinks import attention_sinks, gate_statistics
 
 __all__ = [
     "activation_outliers",
@@ -21,7 +21,6 @@ __all__ = [
     "attention_spikiness",
     "format_summary",
     "gate_statistics",
-    "gate_values",
     "kurtosis",
     "mean_loss",
     "perplexity",

@@ -78,6 +78,19 @@ def evaluating(model: nn.Module) -> Iterator[None]:
 
 
 @contextmanager
+def recording(model: nn.Module) -> Iterator[list[dict[str, list[Tensor]]]]:
+    """Per layer, the values its variant ``record``s while the model runs (gates, temperatures: ``probes()``)."""
+    variants = [block.attn.variant for block in unwrap(model).blocks]
+    for variant in variants:
+        variant.recorded = {}
+    try:
+        yield [variant.recorded for variant in variants]
+    finally:
+        for variant in variants:
+            variant.recorded = None
+
+
+@contextmanager
 def attention_maps(model: GPT, consume: Callable[[int, Tensor], None]) -> Iterator[None]:
     """Route every layer through its plain-math reference path and hand each map (B, H, T, T) to
     ``consume(layer_index, map)`` as soon as the layer has run, so only one layer's map is held at a time.

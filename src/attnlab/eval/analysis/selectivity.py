@@ -11,7 +11,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab.attention.variants.selective_temperature import SelectiveTemperature
 from attnlab.eval.analysis.common import (
     Tokens,
     as_batches,
@@ -19,6 +18,7 @@ from attnlab.eval.analysis.common import (
     device_of,
     evaluating,
     first_tokens,
+    recording,
     unwrap,
 )
 
@@ -73,10 +73,7 @@ def qk_operator_norms(model: nn.Module) -> dict[str, Any]:
 
 
 def has_temperature(model: nn.Module, component: str = "q") -> bool:
-    return any(
-        isinstance(v := block.attn.variant, SelectiveTemperature) and component in v.temperatures
-        for block in unwrap(model).blocks
-    )
+    return any(f"temperature_{component}" in block.attn.variant.probes() for block in unwrap(model).blocks)
 
 
 @torch.no_grad()
@@ -84,32 +81,16 @@ def token_temperatures(model: nn.Module, tokens: Tensor, component: str = "q") -
     """(n_layer, B, T): the learned tau_c each token gets in each layer, averaged over heads (tau multiplies c,
     so a larger tau is a lower softmax temperature for q). Layers without a temperature on ``c`` give NaN.
 
-    Read from a forward hook on the variant's ``Temperature`` module, whose output is tau (B, heads, T, 1) or a
-    broadcastable shape when a term does not depend on the token.
+    Read from the variant's ``temperature_<c>`` probe: tau (B, heads, T, 1) for every token.
     """
     model = unwrap(model)
     (batch,) = as_batches(tokens, device_of(model))
     taus = torch.full((len(model.blocks), *batch.shape), float("nan"))
-
-    def capture(i: int):
-        def hook(_module: nn.Module, args: tuple[Any, ...], output: Tensor) -> None:
-            c = args[1]  # (B, heads, T, d_h)
-            tau = output.expand(*c.shape[:-1], 1)
-            taus[i] = tau.float().mean(dim=1).squeeze(-1).cpu()
-
-        return hook
-
-    handles = []
-    for i, block in enumerate(model.blocks):
-        variant = block.attn.variant
-        if isinstance(variant, SelectiveTemperature) and component in variant.temperatures:
-            handles.append(variant.temperatures[component].register_forward_hook(capture(i)))
-    try:
-        with evaluating(model):
-            model(batch)
-    finally:
-        for handle in handles:
-            handle.remove()
+    with evaluating(model), recording(model) as recorded:
+        model(batch)
+    for i, probes in enumerate(recorded):
+        if f"temperature_{component}" in probes:
+            taus[i] = probes[f"temperature_{component}"][0].mean(dim=1).squeeze(-1)
     return taus
 
 

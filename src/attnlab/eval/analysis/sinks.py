@@ -8,10 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab.attention import AttentionVariant
-from attnlab.attention.variants.gate import Gate
-from attnlab.attention.variants.head_gate import HeadGate
-from attnlab.eval.analysis.common import Tokens, as_batches, attention_maps, device_of, evaluating, unwrap
+from attnlab.eval.analysis.common import Tokens, as_batches, attention_maps, device_of, evaluating, recording, unwrap
 
 
 @torch.no_grad()
@@ -55,51 +52,25 @@ def attention_sinks(model: nn.Module, tokens: Tokens, skip: int = 4) -> dict[str
     }
 
 
-def is_gated(variant: AttentionVariant) -> bool:
-    return isinstance(variant, Gate | HeadGate)
-
-
-def gate_values(variant: AttentionVariant, x: Tensor) -> Tensor:
-    """The gate scores the variant computes from its layer input ``x`` (B, T, d), before any fine-tuning rescale:
-    ``act(x W_g + b_g)`` for ``gated_sdpa``-style gates, ``sigmoid(G_h(x_h))`` for Bondarenko's head gate."""
-    if isinstance(variant, Gate):
-        return variant.activation(variant.proj(x))
-    if isinstance(variant, HeadGate):
-        return torch.sigmoid(variant.gate_logits(x))
-    raise TypeError(f"{type(variant).__name__} has no gate")
-
-
 @torch.no_grad()
 def gate_statistics(model: nn.Module, tokens: Tokens, bins: int = 20) -> dict[str, Any] | None:
     """Per layer: mean gate value and a histogram (on [0, 1] for sigmoid-type gates, the data range for SiLU);
-    the seed reports means around 0.1-0.25 (sparse) for its SDPA gate. None for models without gates."""
+    the seed reports means around 0.1-0.25 (sparse) for its SDPA gate. None for models without gates.
+
+    The gate is what the variant records as its "gate" probe, before any fine-tuning rescale."""
     model = unwrap(model)
     variants = [block.attn.variant for block in model.blocks]
-    if not any(is_gated(v) for v in variants):
+    if not any("gate" in v.probes() for v in variants):
         return None
-    values: list[list[Tensor]] = [[] for _ in variants]
-
-    def capture(i: int):
-        def hook(_module: nn.Module, args: tuple[Any, ...]) -> None:
-            values[i].append(gate_values(variants[i], args[0]).detach().float().flatten().cpu())
-
-        return hook
-
-    blocks = [(i, block) for i, block in enumerate(model.blocks) if is_gated(variants[i])]
-    handles = [block.attn.register_forward_pre_hook(capture(i)) for i, block in blocks]
-    try:
-        with evaluating(model):
-            for batch in as_batches(tokens, device_of(model)):
-                model(batch)
-    finally:
-        for handle in handles:
-            handle.remove()
+    with evaluating(model), recording(model) as recorded:
+        for batch in as_batches(tokens, device_of(model)):
+            model(batch)
     layers = []
-    for variant, layer_values in zip(variants, values, strict=True):
-        if not layer_values:
+    for variant, probes in zip(variants, recorded, strict=True):
+        if "gate" not in probes:
             layers.append(None)
             continue
-        flat = torch.cat(layer_values)
+        flat = torch.cat([gate.flatten() for gate in probes["gate"]])
         bounded = getattr(variant.options, "activation", "sigmoid") != "silu"
         low, high = (0.0, 1.0) if bounded else (flat.min().item(), flat.max().item())
         layers.append(

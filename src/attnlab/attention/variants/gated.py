@@ -80,6 +80,11 @@ class HeadGate(AttentionVariant):
             xh = F.relu(torch.einsum("bthd,hdr->bthr", xh, self.hidden_weight) + self.hidden_bias)
         return torch.einsum("bthd,hd->bth", xh, self.weight) + self.bias
 
+    def probes(self) -> list[str]:
+        return ["gate"]
+
     def transform_heads(self, x: Tensor, o: Tensor, ctx: AttentionContext) -> Tensor:
-        pi = torch.sigmoid(self.gate_logits(x)) * self.output_scale
+        gate = torch.sigmoid(self.gate_logits(x))
+        self.record("gate", gate)
+        pi = gate * self.output_scale
         return o * pi.transpose(1, 2).unsqueeze(-1).to(o.dtype)

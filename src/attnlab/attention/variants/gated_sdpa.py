@@ -90,8 +90,13 @@ class Gate(AttentionVariant):
 
     def modulate(self, x: Tensor, y: Tensor) -> Tensor:
         """Gate y (B, heads, T, d_h) with the gate computed from x (B, T, d)."""
-        g = self.activation(self.proj(x)).unflatten(-1, (self.gates, self.width)).transpose(1, 2).to(y.dtype)
+        g = self.activation(self.proj(x))
+        self.record("gate", g)
+        g = g.unflatten(-1, (self.gates, self.width)).transpose(1, 2).to(y.dtype)
         return y * (g / self.neutral) if self.multiplicative else y + (g - self.neutral)
+
+    def probes(self) -> list[str]:
+        return ["gate"]
 
     def transform_qkv(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext):
         position = self.options.position
