@@ -38,6 +38,9 @@ MODEL_PREFIX = "model."  # the LightningModule holds the GPT as ``self.model``
 DATA_RUNTIME_KEYS = ("_target_", "batch_size", "num_workers", "cache_dir", "shuffle_seed", "shuffle_buffer")
 SCHEDULES = ("cosine", "constant")
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=,+-]*")
+# Inside a run directory: the latest state (always written) and the final metrics (written once, when fit ends).
+LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
+RESULTS_FILE = "results.json"
 
 
 # ------------------------------------------------------------------------------------------------ directories

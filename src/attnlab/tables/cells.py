@@ -49,9 +49,11 @@ def resume_ckpt() -> str | None:
     """``ckpt_path=${resume_ckpt:}``: this job's own ``checkpoints/last.ckpt`` when an earlier attempt left one."""
     from hydra.core.hydra_config import HydraConfig
 
+    from attnlab.runs import LAST_CHECKPOINT  # imported here: resolvers register before any heavy import
+
     if not HydraConfig.initialized():
         return None
-    last = Path(HydraConfig.get().runtime.output_dir) / "checkpoints" / "last.ckpt"
+    last = Path(HydraConfig.get().runtime.output_dir) / LAST_CHECKPOINT
     return str(last) if last.is_file() else None
 
 

@@ -25,12 +25,12 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from attnlab.errors import ConfigError
+from attnlab.runs import LAST_CHECKPOINT, RESULTS_FILE
 from attnlab.tables.cells import cell_name
 
 log = logging.getLogger(__name__)
 
 RESUME = "ckpt_path=${resume_ckpt:}"  # each job resumes from its own last.ckpt when one is there
-LAST_CKPT = Path("checkpoints") / "last.ckpt"
 
 
 @dataclass(frozen=True)
@@ -49,11 +49,11 @@ class Cell:
 
     @property
     def finished(self) -> bool:
-        return (self.directory / "results.json").is_file()
+        return (self.directory / RESULTS_FILE).is_file()
 
     @property
     def checkpoint(self) -> Path:
-        return self.directory / LAST_CKPT
+        return self.directory / LAST_CHECKPOINT
 
 
 @dataclass

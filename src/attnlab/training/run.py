@@ -19,6 +19,7 @@ from attnlab.data import TextDataModule
 from attnlab.errors import ConfigError, require
 from attnlab.models import GPT, ModelConfig, build_gpt
 from attnlab.runs import (
+    RESULTS_FILE,
     check_resume,
     load_checkpoint,
     output_dir,
@@ -151,7 +152,7 @@ def run(cfg: DictConfig, evaluate: Callable[[str], dict[str, Any]] | None = None
         results["eval"] = evaluate(target)
     if trainer.is_global_zero:
         log_results(loggers, results)
-        write_results(out / "results.json", results)
+        write_results(out / RESULTS_FILE, results)
         print(summary(results))
     return results
 
