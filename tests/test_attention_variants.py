@@ -200,6 +200,28 @@ def test_window_uses_absolute_positions(attention: dict, pos: str) -> None:
         assert same != bool({"position", "yarn"} & terms(attention))
 
 
+@pytest.mark.parametrize("component", ["q", "k"])
+def test_shared_token_temperature_reads_the_projection_before_rope(component: str) -> None:
+    """ssa_shared's f(x) = w . GeLU(W_c x) (Zhang et al.) is on the raw projection: on a rotary model the same
+    token gets the same token temperature at every position (after RoPE it would vary with the position)."""
+    attention = {"name": "ssa_shared", "components": [component], "terms": ["token"]}
+    model = build(attention, tiny_config("rotary", None, block_size=64))
+    variant = model.blocks[0].attn.variant
+    variant.recorded = {}
+    model(torch.full((1, 40), 7))
+    tau = variant.recorded[f"temperature_{component}"][0]  # (1, H, T, 1)
+    assert tau.std(dim=2).max() < 1e-6
+    assert (tau - 1).abs().max() > 1e-3  # the token term is on (perturbed weights), not a constant 1
+
+
+def test_kv_cache_without_start_pos_is_an_error() -> None:
+    model = build({"name": "vanilla"}, tiny_config())
+    cache = model.new_cache()
+    model(tokens(5), start_pos=0, cache=cache)
+    with pytest.raises(ValueError, match="start_pos"):
+        model(tokens(1), cache=cache)
+
+
 @pytest.mark.parametrize("rule", [["position"], ["yarn"], ["constant", "position"]])
 @pytest.mark.parametrize("start_pos", [0, 37])
 def test_position_rules_formula(rule: list[str], start_pos: int) -> None:

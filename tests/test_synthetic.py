@@ -99,7 +99,7 @@ def test_baselines_and_risk() -> None:
 
 def layer(attention: dict, dim: int = 4, seed: int = 0) -> CausalSelfAttention:
     torch.manual_seed(seed)
-    shape = AttentionShape(n_embd=dim, n_head=1, n_kv_head=1, head_dim=dim, block_size=16, n_layer=1, layer_idx=0)
+    shape = AttentionShape(n_embd=dim, n_head=1, n_kv_head=1, head_dim=dim, block_size=16)
     return CausalSelfAttention(shape, attention, bias=False, dropout=0.0)
 
 

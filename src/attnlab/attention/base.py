@@ -1,7 +1,7 @@
 """One causal self-attention layer for every model family; a variant changes it through a few hooks.
 
 The layer projects q/k/v, applies rotary positions, then calls the variant's hooks in order:
-``transform_qkv`` (temperatures, gates on q/k/v) -> ``attend`` (SDPA by default) -> ``transform_heads``
+``transform_qkv`` (temperatures, gates on q/k/v; before the rotary embedding where the variant asks) -> ``attend`` (SDPA by default) -> ``transform_heads``
 (gates on the per-head output) -> head mask -> output projection -> ``transform_output`` (gate after W_o).
 A variant overrides only the hooks its math needs, so its equations fit on one screen.
 """
@@ -28,16 +28,13 @@ class AttentionShape:
     n_kv_head: int
     head_dim: int
     block_size: int
-    n_layer: int
-    layer_idx: int
 
 
 @dataclass
 class AttentionContext:
-    """Per-forward inputs shared by all layers: absolute positions, cache offset, position biases, token ids."""
+    """Per-forward inputs shared by all layers: absolute positions, position biases, token ids."""
 
     positions: Tensor  # (T,) absolute 0-based positions of the queries; n_t = positions + 1
-    past_len: int = 0  # keys already in the KV cache before these queries
     rope: tuple[Tensor, Tensor] | None = None  # cos, sin for the query positions, (T, rotary_dim)
     alibi_slopes: Tensor | None = None  # (H,) ALiBi slopes; adds -slope * distance to the scores
     token_features: Tensor | None = None  # (B, T) per-token features (standardised log frequency)
@@ -77,8 +74,9 @@ class AttentionVariant(nn.Module):
     """Identity hooks = vanilla attention through ``F.scaled_dot_product_attention``."""
 
     Options: ClassVar[type[VariantOptions]] = VariantOptions
-    fused: ClassVar[bool] = True  # whether ``attend`` uses the fused SDPA kernel
     needs_token_features: ClassVar[bool] = False
+    # Whether ``transform_qkv`` sees q/k before the rotary embedding (the raw projections) instead of after it.
+    transforms_before_rope: ClassVar[bool] = False
 
     def __init__(self, shape: AttentionShape, options: VariantOptions) -> None:
         super().__init__()
@@ -252,9 +250,12 @@ class CausalSelfAttention(nn.Module):
         q = q.view(batch, t, h, dh).transpose(1, 2)
         k = k.view(batch, t, kv, dh).transpose(1, 2)
         v = v.view(batch, t, kv, dh).transpose(1, 2)
+        if self.variant.transforms_before_rope:
+            q, k, v = self.variant.transform_qkv(x, q, k, v, ctx)
         if ctx.rope is not None:
             q, k = apply_rotary(q, *ctx.rope), apply_rotary(k, *ctx.rope)
-        q, k, v = self.variant.transform_qkv(x, q, k, v, ctx)
+        if not self.variant.transforms_before_rope:
+            q, k, v = self.variant.transform_qkv(x, q, k, v, ctx)
         if cache is not None:
             k, v = cache.update(k, v)
         mask, is_causal = ctx.mask(t, k.shape[2], q.dtype)

@@ -79,7 +79,7 @@ def make_norm(config: ModelConfig) -> nn.Module:
 class Block(nn.Module):
     """Pre-norm transformer block; GPT-NeoX adds attention and MLP in parallel when asked."""
 
-    def __init__(self, config: ModelConfig, attention: dict[str, Any], layer_idx: int) -> None:
+    def __init__(self, config: ModelConfig, attention: dict[str, Any]) -> None:
         super().__init__()
         shape = AttentionShape(
             n_embd=config.n_embd,
@@ -87,8 +87,6 @@ class Block(nn.Module):
             n_kv_head=config.n_kv_head,
             head_dim=config.head_dim,
             block_size=config.block_size,
-            n_layer=config.n_layer,
-            layer_idx=layer_idx,
         )
         self.norm_1 = make_norm(config)
         self.attn = CausalSelfAttention(shape, attention, bias=config.bias, dropout=config.dropout)
@@ -115,7 +113,7 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.wpe = nn.Embedding(config.block_size, config.n_embd) if config.pos_encoding == "learned" else None
         self.drop = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(Block(config, self.attention_config, i) for i in range(config.n_layer))
+        self.blocks = nn.ModuleList(Block(config, self.attention_config) for _ in range(config.n_layer))
         self.norm_f = make_norm(config)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
@@ -170,7 +168,7 @@ class GPT(nn.Module):
         phi = (log_freq - log_freq.mean()) / log_freq.std().clamp_min(1e-12)
         self.token_log_frequency.copy_(phi.to(self.token_log_frequency.dtype))
 
-    def context(self, idx: Tensor, start_pos: int = 0, past_len: int = 0) -> AttentionContext:
+    def context(self, idx: Tensor, start_pos: int = 0) -> AttentionContext:
         """Positions and per-token features for a forward pass over ``idx`` starting at absolute ``start_pos``."""
         positions = torch.arange(start_pos, start_pos + idx.shape[1], device=idx.device)
         rope = None
@@ -183,21 +181,23 @@ class GPT(nn.Module):
         features = self.token_log_frequency[idx] if hasattr(self, "token_log_frequency") else None
         return AttentionContext(
             positions=positions,
-            past_len=past_len,
             rope=rope,
             alibi_slopes=getattr(self, "alibi", None),
             token_features=features,
             token_ids=idx,
         )
 
-    def forward(self, idx: Tensor, start_pos: int = 0, cache: list[KVCache] | None = None) -> Tensor:
-        """Logits for ``idx`` (B, T) whose first token sits at absolute position ``start_pos``.
+    def forward(self, idx: Tensor, start_pos: int | None = None, cache: list[KVCache] | None = None) -> Tensor:
+        """Logits for ``idx`` (B, T) whose first token sits at absolute position ``start_pos`` (default 0).
 
-        With ``cache`` (one ``KVCache`` per layer) the new tokens attend to the cached ones as well; pass
-        ``start_pos`` = number of tokens already in the cache.
+        With ``cache`` (one ``KVCache`` per layer) the new tokens attend to the cached ones as well; ``start_pos``
+        is then required (a default of 0 would silently place decoded tokens at the start of the sequence).
         """
-        past_len = cache[0].length if cache else 0
-        ctx = self.context(idx, start_pos, past_len)
+        if start_pos is None:
+            if cache is not None:
+                raise ValueError("GPT.forward with a KV cache needs start_pos (the absolute position of idx[:, 0])")
+            start_pos = 0
+        ctx = self.context(idx, start_pos)
         x = self.wte(idx)
         if self.wpe is not None:
             if start_pos + idx.shape[1] > self.config.block_size:

@@ -27,7 +27,7 @@ class SyntheticAttentionModel(nn.Module):
     ) -> None:
         super().__init__()
         shape = AttentionShape(
-            n_embd=dim, n_head=1, n_kv_head=1, head_dim=dim, block_size=max_length, n_layer=1, layer_idx=0
+            n_embd=dim, n_head=1, n_kv_head=1, head_dim=dim, block_size=max_length
         )
         self.embedding = nn.Embedding(vocab_size, dim) if vocab_size is not None else None
         self.attn = CausalSelfAttention(shape, dict(attention), bias=bias, dropout=0.0)

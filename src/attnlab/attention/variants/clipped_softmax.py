@@ -53,7 +53,6 @@ class ClippedSoftmax(AttentionVariant):
     """o = clip((zeta - gamma) softmax(q k^T / sqrt(d_h)) + gamma, 0, 1) v, softmax in fp32."""
 
     Options = ClippedSoftmaxOptions
-    fused = False
 
     def __init__(self, shape: AttentionShape, options: ClippedSoftmaxOptions) -> None:
         super().__init__(shape, options)

@@ -1,7 +1,9 @@
 """Selective self-attention (Zhang et al. 2024, seed 004; spec sections 5-6) and the temperature baselines.
 
 Each enabled component c in {q, k, v} is scaled per head and token by an inverse temperature before plain
-SDPA (a scalar commutes with RoPE, so the fused kernel stays):
+SDPA, so the fused kernel stays. The scaling is applied to the raw projections, before RoPE: a scalar commutes
+with the rotation, and the ``shared`` token function f(x) = w . GeLU(W_c x) must read W_c x itself (after RoPE
+it would depend on the position on Pythia and Llama):
 
     c_h,t <- tau_c,h(x_t, n_t) * c_h,t,    tau = base + [tanh(f_c,h(x_t))] + [sigmoid(alpha_c,h) log n_t | 0.1 ln n_t]
 
@@ -120,6 +122,7 @@ class SelectiveTemperature(AttentionVariant):
     """c <- tau_c(x, n) * c for c in components; SDPA (with its 1/sqrt(d_h)) unchanged."""
 
     Options = SelectiveTemperatureOptions
+    transforms_before_rope = True
 
     def __init__(self, shape: AttentionShape, options: SelectiveTemperatureOptions) -> None:
         super().__init__(shape, options)
