@@ -12,9 +12,7 @@ H, KV, DH = 4, 2, 8
 
 
 def clipped(chunk_size: int = 4, block_size: int = 32, **options) -> torch.nn.Module:
-    shape = AttentionShape(
-        n_embd=H * DH, n_head=H, n_kv_head=KV, head_dim=DH, block_size=block_size
-    )
+    shape = AttentionShape(n_embd=H * DH, n_head=H, n_kv_head=KV, head_dim=DH, block_size=block_size)
     options = {"zeta": 1.1, "gamma": -0.08, "alpha": None, **options}
     return build_variant({"name": "clipped_softmax", "chunk_size": chunk_size, **options}, shape)
 

@@ -1,8 +1,9 @@
 """One causal self-attention layer for every model family; a variant changes it through a few hooks.
 
 The layer projects q/k/v, applies rotary positions, then calls the variant's hooks in order:
-``transform_qkv`` (temperatures, gates on q/k/v; before the rotary embedding where the variant asks) -> ``attend`` (SDPA by default) -> ``transform_heads``
-(gates on the per-head output) -> head mask -> output projection -> ``transform_output`` (gate after W_o).
+``transform_qkv`` (temperatures, gates on q/k/v; before the rotary embedding where the variant asks) ->
+``attend`` (SDPA by default) -> ``transform_heads`` (gates on the per-head output) -> head mask -> output
+projection -> ``transform_output`` (gate after W_o).
 A variant overrides only the hooks its math needs, so its equations fit on one screen.
 """
 

@@ -26,9 +26,7 @@ class SyntheticAttentionModel(nn.Module):
         bias: bool = False,
     ) -> None:
         super().__init__()
-        shape = AttentionShape(
-            n_embd=dim, n_head=1, n_kv_head=1, head_dim=dim, block_size=max_length
-        )
+        shape = AttentionShape(n_embd=dim, n_head=1, n_kv_head=1, head_dim=dim, block_size=max_length)
         self.embedding = nn.Embedding(vocab_size, dim) if vocab_size is not None else None
         self.attn = CausalSelfAttention(shape, dict(attention), bias=bias, dropout=0.0)
         self.head = nn.Linear(dim, num_outputs, bias=False) if num_outputs is not None else None
