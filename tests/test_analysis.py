@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnlab.attention.head_importance import head_importance
+from attnlab.attention.head_importance import head_importance, prune_heads_by_importance
 from attnlab.data.tokenizer import train_bpe_tokenizer
 from attnlab.errors import ConfigError
 from attnlab.eval.analysis import (
@@ -306,6 +306,20 @@ def test_pruning_curves_follow_importance_and_restore_the_mask(tmp_path: Path) -
         table = list(csv.DictReader(f))
     assert len(table) == 6 and float(table[4]["perplexity"]) == pytest.approx(curves["rows"][4]["perplexity"])
     assert table[2]["heads_kept_per_layer"] == " ".join(map(str, half["heads_kept_per_layer"]))
+
+
+def test_pruning_curves_recompute_importance_under_the_current_mask() -> None:
+    """Michel et al.'s iterative variant: after each step the importance is scored again with the pruned heads off."""
+    model, evaluation = tiny(), [rows(4, T + 1, seed=1)]
+    fractions = [0.0, 0.25, 0.5]
+    curve = pruning_curves(model, evaluation, fractions, recompute_importance=True)["rows"][:3]
+    mask = torch.ones(2, 4)
+    for row, fraction in zip(curve, fractions, strict=True):
+        model.set_head_mask(mask)
+        mask = prune_heads_by_importance(head_importance(model, evaluation), round(8 * fraction), mask)
+        model.set_head_mask(mask)
+        assert row["heads_kept_per_layer"] == mask.sum(1).int().tolist()
+        assert row["loss"] == pytest.approx(mean_loss(model, evaluation), rel=1e-9)
 
 
 def test_random_order_is_seeded() -> None:

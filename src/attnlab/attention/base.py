@@ -48,13 +48,19 @@ class AttentionContext:
         if self.alibi_slopes is None and t_q == 1:
             return None, False
         device = self.positions.device
-        query = torch.arange(t_q, device=device)[:, None] + (t_k - t_q)
-        key = torch.arange(t_k, device=device)[None, :]
-        mask = torch.zeros(t_q, t_k, device=device, dtype=dtype).masked_fill(key > query, float("-inf"))
+        mask = causal_bias(t_q, t_k, device, dtype)
         if self.alibi_slopes is not None:
-            distance = (query - key).clamp(min=0).to(dtype)
+            query = torch.arange(t_q, device=device)[:, None] + (t_k - t_q)
+            distance = (query - torch.arange(t_k, device=device)[None, :]).clamp(min=0).to(dtype)
             mask = mask - self.alibi_slopes.to(dtype)[:, None, None] * distance
         return mask, False
+
+
+def causal_bias(t_q: int, t_k: int, device: torch.device, dtype: torch.dtype = torch.float32) -> Tensor:
+    """(t_q, t_k) additive mask, -inf where a key comes after its query; the queries are the last t_q of the t_k
+    positions (new tokens after a KV cache, or one chunk of queries over the keys up to its last one)."""
+    future = torch.ones(t_q, t_k, dtype=torch.bool, device=device).triu(1 + t_k - t_q)
+    return torch.zeros(t_q, t_k, device=device, dtype=dtype).masked_fill(future, float("-inf"))
 
 
 RENAMED_OPTIONS = {"temperature_lr": "variant_lr"}  # old name -> new name (it always set the gates' lr too)
@@ -131,18 +137,12 @@ class AttentionVariant(nn.Module):
         groups = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         scores = (q.float() @ k.float().transpose(-2, -1)) * self.scale
-        scores = scores + _as_additive(mask, is_causal, scores.shape[-2], scores.shape[-1], scores.device)
+        if mask is not None:
+            scores = scores + mask.float()
+        elif is_causal:
+            scores = scores + causal_bias(scores.shape[-2], scores.shape[-1], scores.device)
         probs = self.probabilities(scores)
         return (probs @ v.float()).to(q.dtype), probs
-
-
-def _as_additive(mask: Tensor | None, is_causal: bool, t_q: int, t_k: int, device: torch.device) -> Tensor:
-    if mask is not None:
-        return mask.float()
-    if not is_causal:
-        return torch.zeros((), device=device)
-    future = torch.ones(t_q, t_k, dtype=torch.bool, device=device).triu(1 + t_k - t_q)
-    return torch.zeros(t_q, t_k, device=device).masked_fill(future, float("-inf"))
 
 
 @dataclass(frozen=True)

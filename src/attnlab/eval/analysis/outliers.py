@@ -12,7 +12,17 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab.eval.analysis.common import Tokens, as_batches, device_of, evaluating, perplexity, unwrap
+from attnlab.eval.analysis.common import (
+    AnalysisInputs,
+    Tokens,
+    as_batches,
+    device_of,
+    evaluating,
+    perplexity,
+    register_metric,
+    unwrap,
+)
+from attnlab.nn_utils import forward_hooks
 
 
 def kurtosis(x: Tensor, eps: float = 1e-6) -> Tensor:
@@ -50,15 +60,10 @@ def activation_outliers(model: nn.Module, tokens: Tokens, eps: float = 1e-6) -> 
 
         return hook
 
-    handles = [module.register_forward_hook(record(name)) for name, module in modules.items()]
-    try:
-        with evaluating(model):
-            for batch in as_batches(tokens, device_of(model)):
-                model(batch)
-                sequences += batch.shape[0]
-    finally:
-        for handle in handles:
-            handle.remove()
+    with evaluating(model), forward_hooks((module, record(name)) for name, module in modules.items()):
+        for batch in as_batches(tokens, device_of(model)):
+            model(batch)
+            sequences += batch.shape[0]
     per_module = {
         name: {"kurtosis": (s[0] / sequences).item(), "max_inf_norm": (s[1] / sequences).item()}
         for name, s in sums.items()
@@ -144,3 +149,34 @@ def w8a8_perplexity(
         "quantized_perplexity": perplexity(quantized, batches),
         "quantized_linears": len(quantizers),
     }
+
+
+@register_metric(
+    "outliers",
+    headline={"kurtosis_max": "kurtosis_max", "kurtosis_mean": "kurtosis_mean", "max_inf_norm": "max_inf_norm"},
+    describe=lambda s: [
+        f"  kurtosis max / mean     {s['kurtosis_max']:.4g} / {s['kurtosis_mean']:.4g}",
+        f"  max inf norm            {s['max_inf_norm']:.4g}",
+    ],
+)
+def _outliers(inputs: AnalysisInputs) -> dict[str, Any]:
+    return activation_outliers(inputs.model, inputs.batches)
+
+
+@register_metric(
+    "w8a8",
+    options={
+        "calibration_tokens": None,  # W8A8 calibration ids (training text, as the seed); None: first eval batches
+        "calibration_batches": 4,
+        "bits": 8,
+        "quant_momentum": 0.9,  # EMA of the activation min/max while calibrating
+    },
+    headline={"w8a8_perplexity": "quantized_perplexity"},
+    describe=lambda s: [f"  W{s['bits']}A{s['bits']} perplexity{'':<9}{s['quantized_perplexity']:.4g}"],
+)
+def _w8a8(inputs: AnalysisInputs) -> dict[str, Any]:
+    options = inputs.options
+    calibration = inputs.batches[: options["calibration_batches"]]
+    if options["calibration_tokens"] is not None:
+        calibration = inputs.rows(torch.as_tensor(options["calibration_tokens"]).long())
+    return w8a8_perplexity(inputs.model, calibration, inputs.batches, options["bits"], options["quant_momentum"])
