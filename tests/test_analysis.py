@@ -151,6 +151,28 @@ def test_w8a8_perplexity_tracks_bits_and_leaves_the_model_alone(trained: GPT) ->
     assert no_hooks(trained)
 
 
+def test_intermediate_hook_sees_the_variants_own_probabilities_and_is_identity_when_unset() -> None:
+    model, batch = tiny("clipped_softmax", gamma=-0.05, alpha=None), rows(2)
+    with torch.no_grad():
+        fused = model(batch)
+    seen = {}
+
+    def keep(name: str, x: torch.Tensor) -> torch.Tensor:
+        seen[name] = x
+        return x
+
+    model.blocks[1].attn.intermediate_hook = keep
+    with torch.no_grad():
+        torch.testing.assert_close(model(batch), fused)
+        assert set(seen) == {"scores", "probabilities", "context"}
+        probabilities = seen["probabilities"]
+        assert (probabilities == 0).any() and (probabilities.sum(-1) - 1).abs().max() > 0.01  # clipped, not softmax
+        model.blocks[1].attn.intermediate_hook = lambda name, x: torch.zeros_like(x) if name == "context" else x
+        assert not torch.allclose(model(batch), fused)
+        model.blocks[1].attn.intermediate_hook = None
+        torch.testing.assert_close(model(batch), fused)
+
+
 # ---------------------------------------------------------------- sinks and gates (seed 002)
 
 
