@@ -34,6 +34,7 @@ from attnlab.eval.analysis import (
 from attnlab.eval.analysis.outliers import ActivationQuantizer, quantize_weight_
 from attnlab.eval.analysis.pruning import write_pruning_csv
 from attnlab.models import GPT, ModelConfig
+from attnlab.nn_utils import forward_hooks
 from attnlab.runs import OptimSpec
 from attnlab.training.module import LanguageModel
 
@@ -92,31 +93,37 @@ def test_kurtosis_of_gaussian_is_three_and_an_outlier_makes_it_large() -> None:
     torch.testing.assert_close(kurtosis(gaussian), torch.full((4,), 3.0, dtype=torch.float64), atol=0.05, rtol=0)
     x = np.random.default_rng(0).normal(size=10_000)
     x[17] = 1000.0
-    hand = ((x - x.mean()) ** 4).mean() / x.var() ** 2
+    hand = ((x - x.mean()) ** 4).mean() / x.var(ddof=1) ** 2  # the reference's torch.std: Bessel-corrected
     assert kurtosis(torch.tensor(x)[None], eps=0.0).item() == pytest.approx(hand, rel=1e-9)
     assert hand > 1000
 
 
-def test_activation_outliers_match_hand_computation_and_remove_hooks() -> None:
+def test_activation_outliers_hook_the_reference_modules_norms_included() -> None:
     model, batch = tiny(), rows()
-    captured = {}
-    handle = model.blocks[1].mlp.register_forward_hook(lambda m, a, out: captured.update(mlp=out.detach()))
     with torch.no_grad():
+        model.norm_f.weight[3] = 50.0  # an outlier dimension scaled up by the final norm's gamma
+    captured = {}
+    names = ["blocks.1.mlp", "blocks.0.norm_2", "norm_f"]
+    hooks = [(model.get_submodule(n), lambda _m, _a, out, n=n: captured.update({n: out})) for n in names]
+    with torch.no_grad(), forward_hooks(hooks):
         model(batch)
-    handle.remove()
     result = activation_outliers(model, [batch[:2], batch[2:]])
     assert no_hooks(model)
-    assert set(result["modules"]) == {f"blocks.{i}{s}" for i in range(2) for s in ("", ".attn", ".mlp")}
+    per_block = ("", ".attn", ".mlp", ".norm_1", ".norm_2")
+    assert set(result["modules"]) == {f"blocks.{i}{s}" for i in range(2) for s in per_block} | {"norm_f"}
     assert result["sequences"] == 4
-    x = captured["mlp"].flatten(1).double().numpy()
-    centred = x - x.mean(axis=1, keepdims=True)
-    hand_kurtosis = ((centred**4).mean(axis=1) / ((centred**2).mean(axis=1) ** 2 + 1e-6)).mean()
-    assert result["modules"]["blocks.1.mlp"]["kurtosis"] == pytest.approx(hand_kurtosis, rel=1e-6)
-    assert result["modules"]["blocks.1.mlp"]["max_inf_norm"] == pytest.approx(np.abs(x).max(axis=1).mean(), rel=1e-6)
-    kurtoses = [m["kurtosis"] for m in result["modules"].values()]
-    assert result["kurtosis_max"] == max(kurtoses)
-    assert result["kurtosis_mean"] == pytest.approx(sum(kurtoses) / 6)
-    assert result["max_inf_norm"] == max(m["max_inf_norm"] for m in result["modules"].values())
+    for name, output in captured.items():
+        x = output.flatten(1).double().numpy()
+        centred = x - x.mean(axis=1, keepdims=True)
+        hand_kurtosis = ((centred**4).mean(axis=1) / (x.std(axis=1, ddof=1) ** 4 + 1e-6)).mean()
+        assert result["modules"][name]["kurtosis"] == pytest.approx(hand_kurtosis, rel=1e-6)
+        assert result["modules"][name]["max_inf_norm"] == pytest.approx(np.abs(x).max(axis=1).mean(), rel=1e-6)
+    kurtoses = {name: m["kurtosis"] for name, m in result["modules"].items()}
+    norms = {name: m["max_inf_norm"] for name, m in result["modules"].items()}
+    assert result["kurtosis_max"] == kurtoses[result["kurtosis_max_module"]] == max(kurtoses.values())
+    assert result["kurtosis_mean"] == pytest.approx(sum(kurtoses.values()) / 11)
+    assert result["max_inf_norm"] == norms["norm_f"] == max(norms.values())
+    assert result["max_inf_norm_module"] == "norm_f" and "norm_f" in result["hooked_modules"]
 
 
 def test_weight_and_activation_fake_quantizers_follow_their_grids() -> None:

@@ -28,26 +28,43 @@ from attnlab.nn_utils import forward_hooks
 def kurtosis(x: Tensor, eps: float = 1e-6) -> Tensor:
     """Kurtosis of each row of ``x`` (N, M): mean((x - mu)^4) / (std^4 + eps); not excess, a Gaussian gives 3.
 
-    ``std`` is the population standard deviation, so the ratio is the plain fourth standardised moment; ``eps``
-    is the seed's, which damps the value when std is below ~0.03 (untrained tiny models).
+    As the reference's ``transformers_language/utils.py::kurtosis``: ``std`` is ``torch.std`` (Bessel-corrected,
+    n - 1), the fourth moment a plain mean; ``eps`` damps the value when std is below ~0.03 (untrained tiny models).
     """
     x = x.double()
     centred = x - x.mean(dim=-1, keepdim=True)
-    return centred.pow(4).mean(dim=-1) / (centred.pow(2).mean(dim=-1).pow(2) + eps)
+    return centred.pow(4).mean(dim=-1) / (x.std(dim=-1).pow(4) + eps)
+
+
+HOOKED_MODULES = "norm_1, attn (after W_o), norm_2, mlp (FFN output), block output (residual sum) per block; norm_f"
 
 
 def hooked_outputs(model: nn.Module) -> dict[str, nn.Module]:
-    """The seed's modules, by name: attention output (after W_o), FFN output and block output (residual sum)."""
+    """The reference's modules (``validate_clm.py``'s ACT_KEYS), by name: per block the pre-attention norm, the
+    attention output (after W_o), the pre-FFN norm, the FFN output and the block output (residual sum); then the
+    final norm. The reference's headline infinity norm usually comes from a norm output (its gamma scales up the
+    outlier dimensions)."""
+    model = unwrap(model)
     modules: dict[str, nn.Module] = {}
-    for i, block in enumerate(unwrap(model).blocks):
-        modules.update({f"blocks.{i}.attn": block.attn, f"blocks.{i}.mlp": block.mlp, f"blocks.{i}": block})
+    for i, block in enumerate(model.blocks):
+        modules.update(
+            {
+                f"blocks.{i}.norm_1": block.norm_1,
+                f"blocks.{i}.attn": block.attn,
+                f"blocks.{i}.norm_2": block.norm_2,
+                f"blocks.{i}.mlp": block.mlp,
+                f"blocks.{i}": block,
+            }
+        )
+    modules["norm_f"] = model.norm_f
     return modules
 
 
 @torch.no_grad()
 def activation_outliers(model: nn.Module, tokens: Tokens, eps: float = 1e-6) -> dict[str, Any]:
     """Per hooked module: kurtosis and max |x| of each sequence's flattened (T*d) output, averaged over sequences;
-    then the max and mean over modules (the seed's table reports the max infinity norm and the mean kurtosis)."""
+    then the max and mean over modules (the seed's table reports the max infinity norm and the mean kurtosis), and
+    which module gave each max."""
     model = unwrap(model)
     modules = hooked_outputs(model)
     sums = {name: torch.zeros(2, dtype=torch.float64) for name in modules}
@@ -68,14 +85,17 @@ def activation_outliers(model: nn.Module, tokens: Tokens, eps: float = 1e-6) -> 
         name: {"kurtosis": (s[0] / sequences).item(), "max_inf_norm": (s[1] / sequences).item()}
         for name, s in sums.items()
     }
-    kurt = torch.tensor([m["kurtosis"] for m in per_module.values()], dtype=torch.float64)
-    norm = torch.tensor([m["max_inf_norm"] for m in per_module.values()], dtype=torch.float64)
+    kurt = {name: m["kurtosis"] for name, m in per_module.items()}
+    norm = {name: m["max_inf_norm"] for name, m in per_module.items()}
     return {
         "modules": per_module,
-        "kurtosis_max": kurt.max().item(),
-        "kurtosis_mean": kurt.mean().item(),
-        "max_inf_norm": norm.max().item(),
-        "inf_norm_mean": norm.mean().item(),
+        "hooked_modules": HOOKED_MODULES,
+        "kurtosis_max": max(kurt.values()),
+        "kurtosis_max_module": max(kurt, key=kurt.get),
+        "kurtosis_mean": sum(kurt.values()) / len(kurt),
+        "max_inf_norm": max(norm.values()),
+        "max_inf_norm_module": max(norm, key=norm.get),
+        "inf_norm_mean": sum(norm.values()) / len(norm),
         "sequences": sequences,
     }
 
@@ -155,8 +175,8 @@ def w8a8_perplexity(
     "outliers",
     headline={"kurtosis_max": "kurtosis_max", "kurtosis_mean": "kurtosis_mean", "max_inf_norm": "max_inf_norm"},
     describe=lambda s: [
-        f"  kurtosis max / mean     {s['kurtosis_max']:.4g} / {s['kurtosis_mean']:.4g}",
-        f"  max inf norm            {s['max_inf_norm']:.4g}",
+        f"  kurtosis max / mean     {s['kurtosis_max']:.4g} ({s['kurtosis_max_module']}) / {s['kurtosis_mean']:.4g}",
+        f"  max inf norm            {s['max_inf_norm']:.4g} ({s['max_inf_norm_module']})",
     ],
 )
 def _outliers(inputs: AnalysisInputs) -> dict[str, Any]:
