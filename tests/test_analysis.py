@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import csv
 import json
 import math
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnlab.attention.head_importance import head_importance
+from attnlab.attention.head_importance import head_importance, prune_heads_by_importance
 from attnlab.data.tokenizer import train_bpe_tokenizer
 from attnlab.errors import ConfigError
 from attnlab.eval.analysis import (
@@ -31,9 +33,19 @@ from attnlab.eval.analysis import (
     token_temperatures,
     w8a8_perplexity,
 )
-from attnlab.eval.analysis.outliers import ActivationQuantizer, quantize_weight_
+from attnlab.eval.analysis.outliers import (
+    ActivationQuantizer,
+    install_activation_quantizers,
+    mse_weight_range,
+    quantize_asymmetric,
+    quantize_symmetric,
+    quantize_weights_,
+    upper_percentile,
+    weight_targets,
+)
 from attnlab.eval.analysis.pruning import write_pruning_csv
 from attnlab.models import GPT, ModelConfig
+from attnlab.nn_utils import forward_hooks
 from attnlab.runs import OptimSpec
 from attnlab.training.module import LanguageModel
 
@@ -92,63 +104,205 @@ def test_kurtosis_of_gaussian_is_three_and_an_outlier_makes_it_large() -> None:
     torch.testing.assert_close(kurtosis(gaussian), torch.full((4,), 3.0, dtype=torch.float64), atol=0.05, rtol=0)
     x = np.random.default_rng(0).normal(size=10_000)
     x[17] = 1000.0
-    hand = ((x - x.mean()) ** 4).mean() / x.var() ** 2
+    hand = ((x - x.mean()) ** 4).mean() / x.var(ddof=1) ** 2  # the reference's torch.std: Bessel-corrected
     assert kurtosis(torch.tensor(x)[None], eps=0.0).item() == pytest.approx(hand, rel=1e-9)
     assert hand > 1000
 
 
-def test_activation_outliers_match_hand_computation_and_remove_hooks() -> None:
+def test_activation_outliers_hook_the_reference_modules_norms_included() -> None:
     model, batch = tiny(), rows()
-    captured = {}
-    handle = model.blocks[1].mlp.register_forward_hook(lambda m, a, out: captured.update(mlp=out.detach()))
     with torch.no_grad():
+        model.norm_f.weight[3] = 50.0  # an outlier dimension scaled up by the final norm's gamma
+    captured = {}
+    names = ["blocks.1.mlp", "blocks.0.norm_2", "norm_f"]
+    hooks = [(model.get_submodule(n), lambda _m, _a, out, n=n: captured.update({n: out})) for n in names]
+    with torch.no_grad(), forward_hooks(hooks):
         model(batch)
-    handle.remove()
     result = activation_outliers(model, [batch[:2], batch[2:]])
     assert no_hooks(model)
-    assert set(result["modules"]) == {f"blocks.{i}{s}" for i in range(2) for s in ("", ".attn", ".mlp")}
+    per_block = ("", ".attn", ".mlp", ".norm_1", ".norm_2")
+    assert set(result["modules"]) == {f"blocks.{i}{s}" for i in range(2) for s in per_block} | {"norm_f"}
     assert result["sequences"] == 4
-    x = captured["mlp"].flatten(1).double().numpy()
-    centred = x - x.mean(axis=1, keepdims=True)
-    hand_kurtosis = ((centred**4).mean(axis=1) / ((centred**2).mean(axis=1) ** 2 + 1e-6)).mean()
-    assert result["modules"]["blocks.1.mlp"]["kurtosis"] == pytest.approx(hand_kurtosis, rel=1e-6)
-    assert result["modules"]["blocks.1.mlp"]["max_inf_norm"] == pytest.approx(np.abs(x).max(axis=1).mean(), rel=1e-6)
-    kurtoses = [m["kurtosis"] for m in result["modules"].values()]
-    assert result["kurtosis_max"] == max(kurtoses)
-    assert result["kurtosis_mean"] == pytest.approx(sum(kurtoses) / 6)
-    assert result["max_inf_norm"] == max(m["max_inf_norm"] for m in result["modules"].values())
+    for name, output in captured.items():
+        x = output.flatten(1).double().numpy()
+        centred = x - x.mean(axis=1, keepdims=True)
+        hand_kurtosis = ((centred**4).mean(axis=1) / (x.std(axis=1, ddof=1) ** 4 + 1e-6)).mean()
+        assert result["modules"][name]["kurtosis"] == pytest.approx(hand_kurtosis, rel=1e-6)
+        assert result["modules"][name]["max_inf_norm"] == pytest.approx(np.abs(x).max(axis=1).mean(), rel=1e-6)
+    kurtoses = {name: m["kurtosis"] for name, m in result["modules"].items()}
+    norms = {name: m["max_inf_norm"] for name, m in result["modules"].items()}
+    assert result["kurtosis_max"] == kurtoses[result["kurtosis_max_module"]] == max(kurtoses.values())
+    assert result["kurtosis_mean"] == pytest.approx(sum(kurtoses.values()) / 11)
+    assert result["max_inf_norm"] == norms["norm_f"] == max(norms.values())
+    assert result["max_inf_norm_module"] == "norm_f" and "norm_f" in result["hooked_modules"]
 
 
-def test_weight_and_activation_fake_quantizers_follow_their_grids() -> None:
-    weight = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
-    quantized = weight.clone()
-    quantize_weight_(quantized, bits=4)
-    step = weight.abs().max() / 7
-    torch.testing.assert_close(quantized, torch.round(weight / step).clamp(-7, 7) * step)
-    observer = ActivationQuantizer(bits=2, momentum=0.9)
-    observer(None, (torch.tensor([-2.0, 3.0]),))
-    observer(None, (torch.tensor([2.0, 13.0]),))
-    assert (observer.low.item(), observer.high.item()) == pytest.approx((-1.6, 4.0))  # 0.9 first + 0.1 second
-    observer.calibrating = False
-    (out,) = observer(None, (torch.tensor([-5.0, 0.0, 0.2, 2.0, 9.0]),))
-    scale = 5.6 / 3  # 4 levels on [-1.6, 4.0], zero point round(1.6 / scale) = 1
-    torch.testing.assert_close(out, torch.tensor([-1.0, 0.0, 0.0, 1.0, 2.0]) * scale)
+def test_quantizers_follow_the_reference_grids() -> None:
+    x = torch.tensor([-3.1, -1.1, 0.0, 0.26, 1.0, 2.4, 9.0])
+    step = 2.0 / 3  # signed 3 bits: integers -4..3, step max(|-2|, 1.5) / 3
+    torch.testing.assert_close(quantize_symmetric(x, -2.0, 1.5, 3), torch.tensor([-4.0, -2, 0, 0, 2, 3, 3]) * step)
+    step = 1.5 / 7  # range from 0: unsigned 3 bits, integers 0..7
+    torch.testing.assert_close(quantize_symmetric(x, 0.0, 1.5, 3), torch.tensor([0.0, 0, 0, 1, 5, 7, 7]) * step)
+    x = torch.tensor([-5.0, 0.0, 0.2, 2.0, 9.0])
+    step = 5.6 / 3  # asymmetric 2 bits on [-1.6, 4]: 4 levels, zero point round(1.6 / step) = 1
+    torch.testing.assert_close(quantize_asymmetric(x, -1.6, 4.0, 2), torch.tensor([-1.0, 0, 0, 1, 2]) * step)
+    step = 4.0 / 3  # a range above 0 is widened to include it: [0, 4], zero point 0
+    torch.testing.assert_close(quantize_asymmetric(x, 0.5, 4.0, 2), torch.tensor([0.0, 0, 0, 2, 3]) * step)
 
 
-def test_w8a8_perplexity_tracks_bits_and_leaves_the_model_alone(trained: GPT) -> None:
+@pytest.mark.parametrize("one_sided", [False, True])
+def test_mse_weight_range_is_the_reference_grid_search(one_sided: bool) -> None:
+    weight = 0.05 * torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
+    weight[3, 7] = 1.2  # an outlier the best range clips
+    if one_sided:  # e.g. a norm's gamma: the unsigned grid, range [0, c]
+        weight = weight.abs() + 0.5
+    low, high = mse_weight_range(weight, bits=4)
+    w = weight.double().numpy()
+    qmin, qmax = (0, 15) if one_sided else (-8, 7)
+    candidates = (np.abs(w).max() + 0.5) / 100 * np.arange(1, 101)  # (max|W| + margin 0.5) / 100 * i
+
+    def squared_error(c: float) -> float:
+        step = c / qmax
+        return ((w - np.clip(np.round(w / step), qmin, qmax) * step) ** 2).sum()
+
+    best = candidates[np.argmin([squared_error(c) for c in candidates])]
+    assert (low, high) == pytest.approx((0.0 if one_sided else -best, best), rel=1e-6)
+    assert high < weight.max().item()
+
+
+def test_upper_percentile_is_numpys() -> None:
+    x = torch.randn(3, 1001, generator=torch.Generator().manual_seed(0))
+    for p in (99.999, 99.9, 90.0, 100.0):
+        assert upper_percentile(x, p) == pytest.approx(np.percentile(x.double().numpy(), p), rel=1e-9)
+
+
+def test_activation_quantizer_runs_the_range_and_quantizes_while_calibrating() -> None:
+    quantizer = ActivationQuantizer(bits=2, momentum=0.9)
+    first = quantizer(torch.tensor([-2.0, 3.0]))  # range [-2, 3]: step 5/3, zero point 1
+    torch.testing.assert_close(first, torch.tensor([-1.0, 2.0]) * 5 / 3)
+    quantizer(torch.tensor([2.0, 13.0]))
+    assert (quantizer.low, quantizer.high) == pytest.approx((-1.6, 4.0))  # 0.9 first + 0.1 second
+    quantizer.calibrating = False
+    out = quantizer(torch.tensor([-5.0, 0.0, 0.2, 2.0, 9.0]))
+    assert (quantizer.low, quantizer.high) == pytest.approx((-1.6, 4.0))
+    torch.testing.assert_close(out, torch.tensor([-1.0, 0, 0, 1, 2]) * 5.6 / 3)
+    x = torch.randn(4, 250, generator=torch.Generator().manual_seed(0))
+    quantizer = ActivationQuantizer(bits=8, percentile=99.0)
+    quantizer(x)
+    assert (quantizer.low, quantizer.high) == pytest.approx(tuple(np.percentile(x.double().numpy(), (1.0, 99.0))))
+
+
+def tiny_family(family: str) -> GPT:
+    torch.manual_seed(0)
+    extra = {"llama": {"pos_encoding": "rotary", "bias": False, "tie_embeddings": False, "intermediate_size": 64}}
+    extra["neox"] = {"pos_encoding": "rotary", "parallel_residual": True}
+    config = ModelConfig(
+        family=family, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, block_size=32, vocab_size=VOCAB, **extra[family]
+    )
+    return GPT(config, {"name": "vanilla"}).eval()
+
+
+class Recorder:
+    """An activation 'quantizer' that records the shapes it sees and changes nothing."""
+
+    def __init__(self) -> None:
+        self.seen: list[torch.Tensor] = []
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(x.detach().clone())
+        return x
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "neox"])
+def test_full_scope_quantizes_every_listed_point_once(family: str) -> None:
+    model, batch = (tiny() if family == "gpt2" else tiny_family(family)), rows(2)
+    with torch.no_grad():
+        expected = model(batch)
+    hooked = copy.deepcopy(model)
+    points = install_activation_quantizers(hooked, "full", Recorder)
+    with torch.no_grad():
+        torch.testing.assert_close(hooked(batch), expected)  # identity quantizers: the reference path, same logits
+    residual_sums = 2 if family == "neox" else 4  # parallel residual: one sum a block
+    counts = {"embedding_sum": 1, "norm_output": 5, "q": 2, "k": 2, "v": 2, "scores": 2, "probabilities": 2}
+    counts |= {"context": 2, "attention_output": 2, "residual_sum": residual_sums, "ffn_hidden": 2, "ffn_output": 2}
+    assert Counter(kind for kind, _ in points) == counts
+    b, t, d, h, kv, dh, width = 2, T, 32, 4, 2, 8, model.blocks[0].mlp.proj.in_features
+    shapes = {"q": (b, t, h * dh), "k": (b, t, kv * dh), "v": (b, t, kv * dh), "ffn_hidden": (b, t, width)}
+    shapes |= {"scores": (b, h, t, t), "probabilities": (b, h, t, t), "context": (b, h, t, dh)}
+    for kind, recorder in points:
+        assert [x.shape for x in recorder.seen] == [shapes.get(kind, (b, t, d))]
+    by_kind = {kind: recorder.seen[0] for kind, recorder in points}  # the last layer's
+    torch.testing.assert_close(by_kind["probabilities"].sum(-1), torch.ones(b, h, t))
+    assert torch.isfinite(by_kind["scores"]).all()  # before the causal mask, as the reference
+    assert by_kind["ffn_hidden"].min() > (-0.3 if family == "llama" else -0.2)  # after the GELU / SiLU gate
+    weights = Counter(kind for kind, _ in weight_targets(model, "full"))
+    embeddings = 2 if family == "gpt2" else 1  # learned positions are an embedding too
+    linears = 2 * (7 if family == "llama" else 6)  # q, k, v, W_o, fc, (gate,) proj
+    assert weights == {"embedding": embeddings, "norm_weight": 5, "linear_weight": linears}
+    assert no_hooks(model) and all(block.attn.intermediate_hook is None for block in model.blocks)
+
+
+def test_full_scope_leaves_variant_parameters_and_the_head_in_full_precision() -> None:
+    model = tiny("gated_sdpa")
+    assert Counter(kind for kind, _ in weight_targets(model, "linear")) == {"linear_weight": 2 * 7}  # gates too
+    assert Counter(kind for kind, _ in weight_targets(model, "full"))["linear_weight"] == 2 * 6
+    quantized = copy.deepcopy(model)
+    quantize_weights_(quantized, "full", bits=4, method="mse")
+    assert model.lm_head.weight is model.wte.weight and quantized.lm_head.weight is not quantized.wte.weight
+    assert torch.equal(quantized.lm_head.weight, model.lm_head.weight)
+    assert not torch.equal(quantized.wte.weight, model.wte.weight)
+    assert torch.equal(quantized.blocks[0].attn.variant.proj.weight, model.blocks[0].attn.variant.proj.weight)
+    assert quantized.blocks[0].norm_1.weight.unique().numel() <= 16
+
+
+def test_w8a8_perplexity_tracks_bits_and_leaves_the_model_alone(trained: GPT, monkeypatch) -> None:
     evaluation = [rows(4, T + 1, seed=1), rows(4, T + 1, seed=2)]
     before = {k: v.clone() for k, v in trained.state_dict().items()}
     fp = math.exp(mean_loss(trained, evaluation))
-    sixteen = w8a8_perplexity(trained, evaluation[:1], evaluation, bits=16)
-    eight = w8a8_perplexity(trained, evaluation[:1], evaluation, bits=8)
-    two = w8a8_perplexity(trained, evaluation[:1], evaluation, bits=2)
+    # calibrated on the evaluation rows in one batch with plain min-max: no activation is clipped
+    sixteen = w8a8_perplexity(trained, [torch.cat(evaluation)], evaluation, bits=16, percentile=None)
     assert sixteen["fp_perplexity"] == pytest.approx(fp, rel=1e-12)
-    assert sixteen["quantized_perplexity"] == pytest.approx(fp, rel=1e-4)
+    assert sixteen["quantized_perplexity"] == pytest.approx(fp, rel=1e-5)
+    observe, observed = ActivationQuantizer.observe, []
+    monkeypatch.setattr(ActivationQuantizer, "observe", lambda self, x: observed.append(observe(self, x)))
+    eight = w8a8_perplexity(trained, evaluation[:1], evaluation)
+    monkeypatch.undo()
+    assert len(observed) == 28  # each point saw the one calibration batch; its range stays frozen for the evaluation
     assert eight["quantized_perplexity"] != fp and math.isfinite(eight["quantized_perplexity"])
-    assert two["quantized_perplexity"] > 1.5 * fp
-    assert eight["quantized_linears"] == 2 * 4  # qkv, proj, fc, proj per layer; not the LM head
+    settings = (eight["bits"], eight["quant_scope"], eight["weight_range"], eight["act_percentile"])
+    assert settings == (8, "full", "mse", 99.999)
+    assert (eight["quantized_weights"], eight["quantized_activations"], eight["calibration_sequences"]) == (19, 28, 4)
+    assert w8a8_perplexity(trained, evaluation[:1], evaluation, bits=4)["quantized_perplexity"] > 1.03 * fp
+    linear = w8a8_perplexity(trained, evaluation[:1], evaluation, bits=2, scope="linear", weight_method="minmax")
+    assert linear["quantized_perplexity"] > 1.5 * fp
+    assert (linear["quantized_weights"], linear["quantized_activations"]) == (12, 8)  # q, k, v, W_o, fc, proj a layer
     assert all(torch.equal(v, before[k]) for k, v in trained.state_dict().items())
-    assert no_hooks(trained)
+    assert trained.lm_head.weight is trained.wte.weight
+    assert no_hooks(trained) and all(block.attn.intermediate_hook is None for block in trained.blocks)
+    with pytest.raises(ConfigError, match=r"analysis\.quant_scope"):
+        w8a8_perplexity(trained, evaluation[:1], evaluation, scope="everything")
+
+
+def test_intermediate_hook_sees_the_variants_own_probabilities_and_is_identity_when_unset() -> None:
+    model, batch = tiny("clipped_softmax", gamma=-0.05, alpha=None), rows(2)
+    with torch.no_grad():
+        fused = model(batch)
+    seen = {}
+
+    def keep(name: str, x: torch.Tensor) -> torch.Tensor:
+        seen[name] = x
+        return x
+
+    model.blocks[1].attn.intermediate_hook = keep
+    with torch.no_grad():
+        torch.testing.assert_close(model(batch), fused)
+        assert set(seen) == {"scores", "probabilities", "context"}
+        probabilities = seen["probabilities"]
+        assert (probabilities == 0).any() and (probabilities.sum(-1) - 1).abs().max() > 0.01  # clipped, not softmax
+        model.blocks[1].attn.intermediate_hook = lambda name, x: torch.zeros_like(x) if name == "context" else x
+        assert not torch.allclose(model(batch), fused)
+        model.blocks[1].attn.intermediate_hook = None
+        torch.testing.assert_close(model(batch), fused)
 
 
 # ---------------------------------------------------------------- sinks and gates (seed 002)
@@ -308,6 +462,20 @@ def test_pruning_curves_follow_importance_and_restore_the_mask(tmp_path: Path) -
     assert table[2]["heads_kept_per_layer"] == " ".join(map(str, half["heads_kept_per_layer"]))
 
 
+def test_pruning_curves_recompute_importance_under_the_current_mask() -> None:
+    """Michel et al.'s iterative variant: after each step the importance is scored again with the pruned heads off."""
+    model, evaluation = tiny(), [rows(4, T + 1, seed=1)]
+    fractions = [0.0, 0.25, 0.5]
+    curve = pruning_curves(model, evaluation, fractions, recompute_importance=True)["rows"][:3]
+    mask = torch.ones(2, 4)
+    for row, fraction in zip(curve, fractions, strict=True):
+        model.set_head_mask(mask)
+        mask = prune_heads_by_importance(head_importance(model, evaluation), round(8 * fraction), mask)
+        model.set_head_mask(mask)
+        assert row["heads_kept_per_layer"] == mask.sum(1).int().tolist()
+        assert row["loss"] == pytest.approx(mean_loss(model, evaluation), rel=1e-9)
+
+
 def test_random_order_is_seeded() -> None:
     model, evaluation = tiny(), [rows(2, T + 1)]
     first = pruning_curves(model, evaluation, [0.0, 0.5], seed=0)["rows"]
@@ -347,11 +515,27 @@ def test_run_analysis_writes_every_applicable_file(attention: str, tokenizer, tm
     assert ("temperature_mean" in saved["summary"]) == (attention == "ssa")
     assert [r["fraction"] for r in saved["pruning"]["rows"]] == [0.0, 0.5] * 2
     assert math.isfinite(saved["summary"]["w8a8_perplexity"])
+    assert saved["w8a8"]["calibration"] == "calibration_tokens" and saved["w8a8"]["quant_scope"] == "full"
     assert all(not b.attn.record_probabilities and b.attn.probabilities is None for b in module.model.blocks)
     assert no_hooks(module.model)
     printed = format_summary(result)
     assert "perplexity" in printed and "heads kept per layer" in printed
     assert ("gate value" in printed) == (attention == "gated_sdpa")
+
+
+def test_w8a8_metric_says_which_rows_it_calibrated_on(tokenizer, tmp_path: Path) -> None:
+    cfg = {"eval_tokens": rows(4, T).flatten(), "metrics": ["w8a8"], "batch_size": 2, "seq_len": T}
+    evaluation = run_analysis(tiny(), tokenizer[0], tmp_path, cfg)
+    assert evaluation["w8a8"]["calibration"] == "evaluation_batches"
+    assert evaluation["w8a8"]["calibration_sequences"] == 4  # the two evaluation batches (calibration_batches 4)
+    assert "calibrated on evaluation batches" in format_summary(evaluation)
+    cfg |= {"calibration_tokens": rows(8, T, seed=5).flatten(), "calibration_batches": 3}
+    training = run_analysis(tiny(), tokenizer[0], tmp_path, cfg)
+    assert training["w8a8"]["calibration"] == "calibration_tokens"
+    assert training["w8a8"]["calibration_sequences"] == 6  # three batches of two rows
+    assert training["w8a8"]["quantized_perplexity"] != evaluation["w8a8"]["quantized_perplexity"]
+    with pytest.raises(ConfigError, match=r"analysis\.quant_scope"):
+        run_analysis(tiny(), tokenizer[0], tmp_path, cfg | {"quant_scope": "all"})
 
 
 def test_run_analysis_rejects_unknown_options_and_missing_text(tokenizer, tmp_path: Path) -> None:

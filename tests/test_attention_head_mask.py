@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnlab.attention.head_importance import head_importance, prune_heads_by_importance, pruning_curve
+from attnlab.attention.head_importance import head_importance, prune_heads_by_importance
 from attnlab.models.config import ModelConfig
 from attnlab.models.gpt import GPT
 
@@ -119,23 +119,3 @@ def test_prune_heads_by_importance_is_global_and_keeps_pruned_heads_off() -> Non
     previous = torch.tensor([[0.0, 1, 1], [1, 1, 1]])  # the most important head was already pruned
     mask = prune_heads_by_importance(importance, 2, previous)
     assert torch.equal(mask, torch.tensor([[0.0, 0, 1], [1, 1, 1]]))
-
-
-@pytest.mark.parametrize("recompute", [False, True])
-def test_pruning_curve(recompute: bool) -> None:
-    model = tiny()
-    data = batches(2)
-    original = model.head_mask().clone()
-    seen: list[int] = []
-
-    def evaluate(m: GPT) -> float:
-        seen.append(int(m.head_mask().sum()))
-        with torch.no_grad():
-            return sum(F.cross_entropy(m(b[:, :-1]).flatten(0, 1), b[:, 1:].flatten()).item() for b in data)
-
-    curve = pruning_curve(model, data, evaluate, step=0.25, recompute_importance=recompute)
-    assert [f for f, _ in curve] == [0.0, 0.25, 0.5, 0.75, 1.0]
-    assert seen == [12, 9, 6, 3, 0]
-    assert torch.equal(model.head_mask(), original)
-    with torch.no_grad():
-        assert curve[0][1] == pytest.approx(evaluate(model))

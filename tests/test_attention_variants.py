@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from attnlab.attention import AttentionContext, available_attention, resolve_options
 from attnlab.attention.variants.gated import HeadGate
 from attnlab.attention.variants.gated_sdpa import Gate
-from attnlab.attention.variants.selective_temperature import SelectiveTemperature
+from attnlab.attention.variants.ssa import SelectiveTemperature
 from attnlab.models.config import ModelConfig
 from attnlab.models.gpt import GPT
 

@@ -47,7 +47,12 @@ def test_short_training_run_lowers_the_loss_and_writes_its_outputs(make_config, 
     assert len(val_losses) == 2 and val_losses[1] < val_losses[0]
     assert train_losses[-1] < train_losses[0] - 0.5
     assert results["val_ppl"] < results["unigram_ppl"]
-    assert any(r.get("train/device/items_per_sec") for r in rows)  # tokens per second
+    rates = [
+        (float(r["train/device/items_per_sec"]), float(r["train/device/samples_per_sec"]))
+        for r in rows
+        if r.get("train/device/items_per_sec")
+    ]
+    assert rates and all(tokens == pytest.approx(32 * sequences) for tokens, sequences in rates)  # 32 tokens a row
     assert any(r.get("lr-AdamW/decay") for r in rows)
     assert (out / "checkpoints" / "last.ckpt").is_file()
     assert list((out / "checkpoints").glob("best-*.ckpt"))

@@ -12,11 +12,12 @@ import statistics
 import time
 from pathlib import Path
 
+import pandas as pd
 import torch
-import torch.nn.functional as F
 
 from attnlab.attention import available_attention
 from attnlab.models import GPT, ModelConfig, build_gpt
+from attnlab.nn_utils import next_token_loss
 
 # H100 SXM dense bf16 peak, the usual denominator for MFU; pass --peak-flops for other devices
 H100_BF16_PEAK = 989e12
@@ -27,8 +28,7 @@ def make_step(model: GPT, tokens: torch.Tensor, autocast: bool):
 
     def step() -> None:
         with torch.autocast(tokens.device.type, dtype=torch.bfloat16, enabled=autocast):
-            logits = model(tokens[:, :-1])
-        loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+            loss = next_token_loss(model, tokens)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -74,14 +74,18 @@ def benchmark(config: ModelConfig, names: list[str], batch: int, length: int, ro
 
 
 def report(rows: list[dict], header: str, peak_flops: float | None) -> str:
-    lines = [header, "", "| attention | ms/step | x vanilla | tokens/s | MFU | params |", "|---|---|---|---|---|---|"]
-    for r in rows:
-        mfu = f"{100 * r['flops_per_s'] / peak_flops:.1f}%" if peak_flops else "-"
-        lines.append(
-            f"| {r['attention']} | {r['ms_per_step']:.1f} | {r['ratio_to_vanilla']:.2f} | {r['tokens_per_s']:,.0f} "
-            f"| {mfu} | {r['params']:,} |"
-        )
-    return "\n".join(lines) + "\n"
+    table = pd.DataFrame(
+        {
+            "attention": r["attention"],
+            "ms/step": f"{r['ms_per_step']:.1f}",
+            "x vanilla": f"{r['ratio_to_vanilla']:.2f}",
+            "tokens/s": f"{r['tokens_per_s']:,.0f}",
+            "MFU": f"{100 * r['flops_per_s'] / peak_flops:.1f}%" if peak_flops else "-",
+            "params": f"{r['params']:,}",
+        }
+        for r in rows
+    )
+    return f"{header}\n\n{table.to_markdown(index=False, disable_numparse=True)}\n"
 
 
 def main(argv: list[str] | None = None) -> None:

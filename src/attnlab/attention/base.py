@@ -5,11 +5,14 @@ The layer projects q/k/v, applies rotary positions, then calls the variant's hoo
 ``attend`` (SDPA by default) -> ``transform_heads`` (gates on the per-head output) -> head mask -> output
 projection -> ``transform_output`` (gate after W_o).
 A variant overrides only the hooks its math needs, so its equations fit on one screen.
+Analysis can run a layer through the variant's plain-math ``reference_attention`` instead of ``attend``
+(``record_probabilities`` keeps the map; ``intermediate_hook`` sees or replaces QK^T, the probabilities and P@V).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar
 
@@ -48,13 +51,26 @@ class AttentionContext:
         if self.alibi_slopes is None and t_q == 1:
             return None, False
         device = self.positions.device
-        query = torch.arange(t_q, device=device)[:, None] + (t_k - t_q)
-        key = torch.arange(t_k, device=device)[None, :]
-        mask = torch.zeros(t_q, t_k, device=device, dtype=dtype).masked_fill(key > query, float("-inf"))
+        mask = causal_bias(t_q, t_k, device, dtype)
         if self.alibi_slopes is not None:
-            distance = (query - key).clamp(min=0).to(dtype)
+            query = torch.arange(t_q, device=device)[:, None] + (t_k - t_q)
+            distance = (query - torch.arange(t_k, device=device)[None, :]).clamp(min=0).to(dtype)
             mask = mask - self.alibi_slopes.to(dtype)[:, None, None] * distance
         return mask, False
+
+
+def causal_bias(t_q: int, t_k: int, device: torch.device, dtype: torch.dtype = torch.float32) -> Tensor:
+    """(t_q, t_k) additive mask, -inf where a key comes after its query; the queries are the last t_q of the t_k
+    positions (new tokens after a KV cache, or one chunk of queries over the keys up to its last one)."""
+    future = torch.ones(t_q, t_k, dtype=torch.bool, device=device).triu(1 + t_k - t_q)
+    return torch.zeros(t_q, t_k, device=device, dtype=dtype).masked_fill(future, float("-inf"))
+
+
+IntermediateHook = Callable[[str, Tensor], Tensor]  # (name, tensor) -> the tensor to use instead
+
+
+def _unchanged(_name: str, x: Tensor) -> Tensor:
+    return x
 
 
 RENAMED_OPTIONS = {"temperature_lr": "variant_lr"}  # old name -> new name (it always set the gates' lr too)
@@ -125,24 +141,29 @@ class AttentionVariant(nn.Module):
         return y
 
     def reference_attention(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        is_causal: bool,
+        hook: IntermediateHook | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """Plain-math attention returning (output, probabilities): the oracle for tests and analysis."""
+        """Plain-math attention returning (output, probabilities): the oracle for tests and analysis.
+
+        ``hook(name, tensor)``, when given, replaces each intermediate as it is computed: ``"scores"`` (scaled QK^T,
+        fp32, before the mask), ``"probabilities"`` (the variant's own, e.g. clipped) and ``"context"`` (P@V, fp32).
+        """
         groups = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        scores = (q.float() @ k.float().transpose(-2, -1)) * self.scale
-        scores = scores + _as_additive(mask, is_causal, scores.shape[-2], scores.shape[-1], scores.device)
-        probs = self.probabilities(scores)
-        return (probs @ v.float()).to(q.dtype), probs
-
-
-def _as_additive(mask: Tensor | None, is_causal: bool, t_q: int, t_k: int, device: torch.device) -> Tensor:
-    if mask is not None:
-        return mask.float()
-    if not is_causal:
-        return torch.zeros((), device=device)
-    future = torch.ones(t_q, t_k, dtype=torch.bool, device=device).triu(1 + t_k - t_q)
-    return torch.zeros(t_q, t_k, device=device).masked_fill(future, float("-inf"))
+        hook = hook or _unchanged
+        scores = hook("scores", (q.float() @ k.float().transpose(-2, -1)) * self.scale)
+        if mask is not None:
+            scores = scores + mask.float()
+        elif is_causal:
+            scores = scores + causal_bias(scores.shape[-2], scores.shape[-1], scores.device)
+        probs = hook("probabilities", self.probabilities(scores))
+        return hook("context", probs @ v.float()).to(q.dtype), probs
 
 
 @dataclass(frozen=True)
@@ -243,6 +264,8 @@ class CausalSelfAttention(nn.Module):
         self.register_buffer("head_mask", torch.ones(h))
         self.record_probabilities = False  # analysis only: use the reference path and keep the map
         self.probabilities: Tensor | None = None
+        # analysis only (W8A8): when set, use the reference path and pass its intermediates through this hook
+        self.intermediate_hook: IntermediateHook | None = None
 
     def forward(self, x: Tensor, ctx: AttentionContext, cache: KVCache | None = None) -> Tensor:
         batch, t, _ = x.shape
@@ -260,8 +283,10 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             k, v = cache.update(k, v)
         mask, is_causal = ctx.mask(t, k.shape[2], q.dtype)
-        if self.record_probabilities:
-            o, self.probabilities = self.variant.reference_attention(q, k, v, mask, is_causal)
+        if self.record_probabilities or self.intermediate_hook is not None:
+            o, probabilities = self.variant.reference_attention(q, k, v, mask, is_causal, self.intermediate_hook)
+            if self.record_probabilities:
+                self.probabilities = probabilities
         else:
             o = self.variant.attend(q, k, v, mask, is_causal, self.dropout if self.training else 0.0)
         o = self.variant.transform_heads(x, o, ctx)

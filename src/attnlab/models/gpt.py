@@ -94,12 +94,13 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.dropout = nn.Dropout(config.dropout)
         self.parallel_residual = config.parallel_residual
+        self.attn_residual = nn.Identity()  # names the residual sum after attention, for hooks (W8A8 quantises it)
 
     def forward(self, x: Tensor, ctx: AttentionContext, cache: KVCache | None = None) -> Tensor:
         attn_out = self.dropout(self.attn(self.norm_1(x), ctx, cache))
         if self.parallel_residual:
             return x + attn_out + self.dropout(self.mlp(self.norm_2(x)))
-        x = x + attn_out
+        x = self.attn_residual(x + attn_out)
         return x + self.dropout(self.mlp(self.norm_2(x)))
 
 

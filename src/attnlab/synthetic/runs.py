@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.func import functional_call, stack_module_state, vmap
 
-from attnlab.attention.variants.temperature_lookup import TemperatureLookup
+from attnlab.attention.variants.temp_lookup import TemperatureLookup
 from attnlab.synthetic.data import (
     bayes_optimal,
     denoising_batch,

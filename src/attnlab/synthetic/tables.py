@@ -42,12 +42,8 @@ def markdown(frame: pd.DataFrame) -> str:
             "ours (mean ± std)",
             [f"{m:.4g} ± {s:.2g}" for m, s in zip(frame.pop("ours_mean"), frame.pop("ours_std"), strict=True)],
         )
-    cells = [
-        [("" if pd.isna(v) else f"{v:.4g}" if isinstance(v, float) else str(v)) for v in r]
-        for r in frame.itertuples(index=False)
-    ]
-    lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in cells])
+    shown = frame.map(lambda v: "" if pd.isna(v) else f"{v:.4g}" if isinstance(v, float) else str(v))
+    return shown.to_markdown(index=False, disable_numparse=True)
 
 
 def run_table1(cfg: DictConfig, paper: dict[str, Any]) -> pd.DataFrame:

@@ -7,11 +7,11 @@ from typing import Any
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics.aggregation import MeanMetric
 
 from attnlab.models import GPT
+from attnlab.nn_utils import next_token_loss
 from attnlab.runs import RECORD_KEY, OptimSpec
 
 
@@ -35,9 +35,7 @@ class LanguageModel(L.LightningModule):
         return self.model(idx, start_pos)
 
     def loss(self, batch: dict[str, Tensor]) -> Tensor:
-        tokens = batch["input_ids"].long()
-        logits = self.model(tokens[:, :-1])
-        return F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+        return next_token_loss(self.model, batch["input_ids"].long())
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         loss = self.loss(batch)

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from attnlab.attention.base import AttentionShape, AttentionVariant, VariantOptions, register
+from attnlab.attention.base import AttentionShape, AttentionVariant, VariantOptions, causal_bias, register
 from attnlab.errors import require
 
 
@@ -75,9 +75,7 @@ class ClippedSoftmax(AttentionVariant):
                 bias = mask[..., start:stop, :].float()
             elif is_causal:  # keys after the chunk's last query are masked for every row: skip them
                 keys = stop + offset
-                query = torch.arange(start + offset, stop + offset, device=q.device)[:, None]
-                future = torch.arange(keys, device=q.device)[None, :] > query
-                bias = torch.zeros(future.shape, device=q.device).masked_fill(future, float("-inf"))
+                bias = causal_bias(stop - start, keys, q.device)
             args = (q[:, :, start:stop], k[:, :, :keys], v[:, :, :keys], bias, dropout)
             if torch.is_grad_enabled():
                 chunks.append(checkpoint(self._chunk, *args, use_reentrant=False))

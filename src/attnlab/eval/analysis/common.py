@@ -1,20 +1,81 @@
-"""Plumbing every metric shares: batches of token ids, eval mode, the LM loss and recorded attention maps."""
+"""Plumbing every metric shares: the metric registry, batches of token ids, eval mode, the LM loss and recorded
+attention maps."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.attention import CausalSelfAttention
 from attnlab.models.gpt import GPT
+from attnlab.nn_utils import forward_hooks, next_token_loss
 
 Tokens = Tensor | Iterable[Tensor]  # one (B, T) batch, a 1-D sequence, or an iterable of either
+
+
+@dataclass
+class AnalysisInputs:
+    """What ``run_analysis`` hands every metric: the model, its tokenizer, the rows to score, the options."""
+
+    model: GPT
+    tokenizer: Any  # tokenizers.Tokenizer, to decode tokens for figures
+    batches: list[Tensor]  # perplexity-type metrics: at most ``eval_max_tokens`` tokens
+    map_batches: list[Tensor]  # attention-map metrics: the first ``max_tokens`` tokens
+    options: dict[str, Any]
+    out: Path  # the analysis folder: a metric writes its figures and CSVs here
+    seq_len: int
+    files: list[str] = field(default_factory=list)  # what the metrics wrote to ``out``
+
+    def rows(self, tokens: Tensor, max_tokens: int | None = None) -> list[Tensor]:
+        """A 1-D stream (or (N, T) rows) as batches of ``seq_len``-token rows on the model's device."""
+        batch_size = self.options["batch_size"]
+        batches = windows(tokens, self.seq_len, batch_size) if tokens.dim() == 1 else list(tokens.split(batch_size))
+        if max_tokens is not None:
+            batches = first_tokens(batches, max_tokens)
+        return [b.to(device_of(self.model)) for b in batches]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One section of analysis.json: how to compute it, its own options, its headline numbers, its printout."""
+
+    compute: Callable[[AnalysisInputs], dict[str, Any] | None]  # None: the metric does not apply to this model
+    options: dict[str, Any]  # option -> default; run_analysis accepts these besides the shared ones
+    headline: dict[str, str]  # summary key -> key of the section, copied into analysis.json's "summary"
+    describe: Callable[[dict[str, Any]], list[str]]  # the section -> lines for ``format_summary``
+
+
+METRICS: dict[str, Metric] = {}  # in registration order, which is the order they run and print in
+
+
+def register_metric(
+    name: str,
+    options: dict[str, Any] | None = None,
+    headline: dict[str, str] | None = None,
+    describe: Callable[[dict[str, Any]], list[str]] = lambda section: [],
+) -> Callable[[Callable[[AnalysisInputs], dict[str, Any] | None]], Callable]:
+    """Decorator: make ``compute(inputs)`` the analysis metric ``name`` (``analysis.metrics`` lists it)."""
+
+    def decorate(compute: Callable[[AnalysisInputs], dict[str, Any] | None]) -> Callable:
+        if name in METRICS:
+            raise ValueError(f"analysis metric {name!r} registered twice")
+        METRICS[name] = Metric(compute, dict(options or {}), dict(headline or {}), describe)
+        return compute
+
+    return decorate
+
+
+def per_layer_line(label: str, values: list[float]) -> str:
+    """``label  mean m; per layer v1 v2 ...``, the printout's form for a per-layer quantity."""
+    numbers = " ".join(f"{v:.3g}" for v in values)
+    return f"  {label:<23} mean {sum(values) / len(values):.4g}; per layer {numbers}"
 
 
 def unwrap(model_or_module: nn.Module) -> GPT:
@@ -108,16 +169,15 @@ def attention_maps(model: GPT, consume: Callable[[int, Tensor], None]) -> Iterat
 
         return hook
 
-    handles = [layer.register_forward_hook(hand_over(i)) for i, layer in enumerate(layers)]
     for layer in layers:
         layer.record_probabilities = True
     try:
-        yield
+        with forward_hooks((layer, hand_over(i)) for i, layer in enumerate(layers)):
+            yield
     finally:
-        for layer, flag, handle in zip(layers, previous, handles, strict=True):
+        for layer, flag in zip(layers, previous, strict=True):
             layer.record_probabilities = flag
             layer.probabilities = None
-            handle.remove()
 
 
 @torch.no_grad()
@@ -126,8 +186,7 @@ def mean_loss(model: nn.Module, batches: list[Tensor]) -> float:
     total, count = 0.0, 0
     with evaluating(model):
         for batch in batches:
-            logits = model(batch[:, :-1])
-            total += F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten(), reduction="sum").item()
+            total += next_token_loss(model, batch, reduction="sum").item()
             count += batch[:, 1:].numel()
     if count == 0:
         raise ValueError("no tokens to score: every row needs at least 2 tokens")

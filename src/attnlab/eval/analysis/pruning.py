@@ -13,7 +13,15 @@ import torch
 from torch import nn
 
 from attnlab.attention.head_importance import head_importance, prune_heads_by_importance
-from attnlab.eval.analysis.common import Tokens, as_batches, device_of, mean_loss, unwrap
+from attnlab.eval.analysis.common import (
+    AnalysisInputs,
+    Tokens,
+    as_batches,
+    device_of,
+    mean_loss,
+    register_metric,
+    unwrap,
+)
 
 DEFAULT_FRACTIONS = tuple(i / 10 for i in range(10))  # 0, 10, ..., 90 % of the heads removed
 ORDERS = ("importance", "random")
@@ -93,3 +101,36 @@ def plot_pruning(curves: dict[str, Any], path: Path, title: str = "") -> None:
         ax.set_yscale("log")
     ax.legend()
     fig.savefig(path, dpi=120)
+
+
+def _describe(section: dict[str, Any]) -> list[str]:
+    lines = []
+    for order in ORDERS:
+        curve = [r for r in section["rows"] if r["order"] == order]
+        points = ", ".join(f"{100 * r['fraction']:.0f}%: {r['perplexity']:.4g}" for r in curve)
+        lines.append(f"  pruned ({order:<10}) ppl {points}")
+    kept = [r for r in section["rows"] if r["order"] == "importance" and r["fraction"] <= 0.5 + 1e-9][-1]
+    lines.append(f"  heads kept per layer at {100 * kept['fraction']:.0f}% pruned: {kept['heads_kept_per_layer']}")
+    return lines
+
+
+@register_metric(
+    "pruning",
+    options={
+        "prune_step": 0.1,  # pruning curve: fractions 0, step, ..., prune_max of all heads
+        "prune_max": 0.9,
+        "recompute_importance": False,
+        "seed": 0,  # random pruning order
+    },
+    describe=_describe,
+)
+def _pruning(inputs: AnalysisInputs) -> dict[str, Any]:
+    options = inputs.options
+    steps = math.floor(options["prune_max"] / options["prune_step"] + 1e-9)
+    fractions = [round(i * options["prune_step"], 6) for i in range(steps + 1)]
+    model = inputs.model
+    curves = pruning_curves(model, inputs.batches, fractions, options["seed"], options["recompute_importance"])
+    write_pruning_csv(curves, inputs.out / "pruning.csv")
+    plot_pruning(curves, inputs.out / "pruning.png", title=str(model.attention_config.get("name")))
+    inputs.files += ["pruning.csv", "pruning.png"]
+    return curves

@@ -12,13 +12,16 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.eval.analysis.common import (
+    AnalysisInputs,
     Tokens,
     as_batches,
     attention_maps,
     device_of,
     evaluating,
     first_tokens,
+    per_layer_line,
     recording,
+    register_metric,
     unwrap,
 )
 
@@ -158,3 +161,52 @@ def temperature_png(pieces: Sequence[str], values: Sequence[float], path: Path, 
         ax.text(col, row + 0.5, line, family="monospace", fontsize=fontsize, va="center", color=_text_colour(rgba))
     fig.suptitle(f"{title} (darker = lower; {low:.3f} .. {high:.3f})", fontsize=fontsize)
     fig.savefig(path, dpi=100)
+
+
+@register_metric(
+    "spikiness",
+    headline={"spikiness": "mean"},
+    describe=lambda s: [per_layer_line("spikiness", s["layers"])],
+)
+def _spikiness(inputs: AnalysisInputs) -> dict[str, Any]:
+    return attention_spikiness(inputs.model, inputs.map_batches, inputs.options["max_tokens"])
+
+
+@register_metric(
+    "operator_norm",
+    headline={"qk_operator_norm": "mean"},
+    describe=lambda s: [per_layer_line("||W_q W_k^T||_2", s["layers"])],
+)
+def _operator_norm(inputs: AnalysisInputs) -> dict[str, Any]:
+    return qk_operator_norms(inputs.model)
+
+
+@register_metric(
+    "temperatures",
+    options={"png_tokens": 400},  # tokens drawn in temperatures.png (the HTML shows all max_tokens)
+    headline={"temperature_mean": "mean"},
+    describe=lambda s: [per_layer_line("temperature", s["layers"])],
+)
+def _temperatures(inputs: AnalysisInputs) -> dict[str, Any] | None:
+    """tau per token (mean over heads) per layer; the text coloured by its mean over layers (Figure 1)."""
+    model, tokenizer = inputs.model, inputs.tokenizer
+    component = next((c for c in ("q", "k", "v") if has_temperature(model, c)), None)
+    if component is None:
+        return None
+    taus = torch.cat([token_temperatures(model, b, component).flatten(1) for b in inputs.map_batches], dim=1)
+    ids = torch.cat([b.flatten() for b in inputs.map_batches]).tolist()
+    pieces = [tokenizer.decode([i]) for i in ids]
+    per_token = taus.nanmean(dim=0).tolist()
+    title = f"tau_{component} per token, mean over heads and layers ({model.attention_config.get('name')})"
+    (inputs.out / "temperatures.html").write_text(temperature_html(pieces, per_token, title), encoding="utf-8")
+    n = inputs.options["png_tokens"]
+    temperature_png(pieces[:n], per_token[:n], inputs.out / "temperatures.png", title)
+    inputs.files += ["temperatures.html", "temperatures.png"]
+    return {
+        "component": component,
+        "layers": taus.nanmean(dim=1).tolist(),
+        "mean": taus.nanmean().item(),
+        "min": min(per_token),
+        "max": max(per_token),
+        "tokens": len(ids),
+    }

@@ -8,7 +8,19 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab.eval.analysis.common import Tokens, as_batches, attention_maps, device_of, evaluating, recording, unwrap
+from attnlab.eval.analysis.common import (
+    AnalysisInputs,
+    Tokens,
+    as_batches,
+    attention_maps,
+    device_of,
+    evaluating,
+    per_layer_line,
+    recording,
+    register_metric,
+    unwrap,
+)
+from attnlab.nn_utils import forward_hooks
 
 
 @torch.no_grad()
@@ -29,17 +41,13 @@ def attention_sinks(model: nn.Module, tokens: Tokens, skip: int = 4) -> dict[str
     def add_share(i: int, probabilities: Tensor) -> None:
         share[i] += probabilities[:, :, skip:, 0].double().sum().cpu()
 
-    handles = [block.register_forward_hook(track_max(i)) for i, block in enumerate(model.blocks)]
-    try:
-        with evaluating(model), attention_maps(model, add_share):
-            for batch in as_batches(tokens, device_of(model)):
-                if batch.shape[1] <= skip:
-                    continue
-                model(batch)
-                rows += batch.shape[0] * model.config.n_head * (batch.shape[1] - skip)
-    finally:
-        for handle in handles:
-            handle.remove()
+    tracked = forward_hooks((block, track_max(i)) for i, block in enumerate(model.blocks))
+    with evaluating(model), attention_maps(model, add_share), tracked:
+        for batch in as_batches(tokens, device_of(model)):
+            if batch.shape[1] <= skip:
+                continue
+            model(batch)
+            rows += batch.shape[0] * model.config.n_head * (batch.shape[1] - skip)
     if rows == 0:
         raise ValueError(f"no sequence is longer than skip={skip} tokens")
     share /= rows
@@ -83,3 +91,26 @@ def gate_statistics(model: nn.Module, tokens: Tokens, bins: int = 20) -> dict[st
         )
     means = [layer["mean"] for layer in layers if layer is not None]
     return {"layers": layers, "mean": sum(means) / len(means)}
+
+
+@register_metric(
+    "sinks",
+    options={"sink_skip": 4},  # queries at 0-based positions < sink_skip are left out of the first-token share
+    headline={"first_token_share": "first_token_share_mean", "max_activation": "max_activation_max"},
+    describe=lambda s: [
+        per_layer_line("first-token share", s["first_token_share"]),
+        per_layer_line("max |block output|", s["max_activation"]),
+    ],
+)
+def _sinks(inputs: AnalysisInputs) -> dict[str, Any]:
+    return attention_sinks(inputs.model, inputs.map_batches, inputs.options["sink_skip"])
+
+
+@register_metric(
+    "gates",
+    options={"gate_bins": 20},
+    headline={"gate_mean": "mean"},
+    describe=lambda s: [per_layer_line("gate value", [layer["mean"] for layer in s["layers"] if layer is not None])],
+)
+def _gates(inputs: AnalysisInputs) -> dict[str, Any] | None:
+    return gate_statistics(inputs.model, inputs.batches, inputs.options["gate_bins"])
