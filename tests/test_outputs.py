@@ -1,14 +1,19 @@
 """Where things go: outputs and the cache under the project root whichever directory a command starts from, debug
-runs apart from the real ones."""
+runs apart from the real ones; what a run prints and logs."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from tests.conftest import CONF, ROOT
+from tests.conftest import CONF, MICRO_DATA, MICRO_MODEL, ROOT
+
+QUIET = ["logger=csv", "trainer=cpu", "callbacks.progress_bar.refresh_rate=0", *MICRO_MODEL, *MICRO_DATA]
 
 
 def test_paths_are_anchored_to_the_directory_that_holds_conf(tmp_path: Path, monkeypatch) -> None:
@@ -19,3 +24,24 @@ def test_paths_are_anchored_to_the_directory_that_holds_conf(tmp_path: Path, mon
     assert cfg.paths.root_dir == str(ROOT) and cfg.paths.cache_dir == str(ROOT / ".cache" / "attnlab")
     assert cfg.experiment_name == "debug"  # debug=fdr runs go to outputs/debug/, apart from the real runs
     assert Path(cfg.hydra.run.dir).parent == Path(cfg.hydra.sweep.dir).parent == ROOT / "outputs" / "debug"
+
+
+def test_a_run_started_elsewhere_writes_into_its_project_and_shows_its_config(tmp_path: Path, data_cache: Path) -> None:
+    """A copy of the project (train.py + conf/) run from another directory: everything lands in the copy's outputs/,
+    the config is printed as a tree first, and the summary the terminal ends with is also the end of train.log."""
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    shutil.copytree(CONF, project / "conf")
+    shutil.copy(ROOT / "train.py", project)
+    elsewhere.mkdir()
+    command = [sys.executable, str(project / "train.py"), "debug=fdr", *QUIET, f"paths.cache_dir={data_cache}"]
+    done = subprocess.run(command, cwd=elsewhere, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert list(elsewhere.iterdir()) == []
+    (run,) = (project / "outputs" / "debug").iterdir()
+    tree, summary = done.stdout.split("\nattnlab: tiny + attention=vanilla")
+    for branch in ("run", "optim", "model", "attention", "data", "trainer", "logger", "callbacks", "paths"):
+        assert f"── {branch}\n" in tree, branch
+    assert f"root_dir: {project}\n" in tree and f"output_dir: {run}\n" in tree and "fast_dev_run: true" in tree
+    assert f"outputs: {run}\n" in summary
+    log = (run / "train.log").read_text()
+    assert log.rstrip().endswith(f"outputs: {run}") and "validation perplexity" in log

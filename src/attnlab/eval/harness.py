@@ -19,6 +19,7 @@ from typing import Any
 from filelock import FileLock
 from omegaconf import OmegaConf
 
+from attnlab.console import announce
 from attnlab.defaults import CACHE_DIR, DATA_SEED, EVAL_SEED
 from attnlab.errors import ConfigError
 from attnlab.eval.heldout import heldout_dataset
@@ -236,11 +237,15 @@ def evaluate_suite(
         append_csv(Path(results_csv), row)
     if wandb_cfg is not None:
         log_wandb(row, record, out_dir, wandb_cfg)
-    print(summary_text(row, results))
+    text = summary_text(row, results)
     if "analysis" in record:
         from attnlab.eval.analysis import format_summary
 
-        print(format_summary(record["analysis"]))
+        text += format_summary(record["analysis"]) + "\n"
+    text += f"  results: {out_dir / 'results.json'}\n"
+    if results_csv is not None:
+        text += f"  one row added to {results_csv}\n"
+    announce(text)  # on the terminal and in evaluate.log
     return record
 
 
