@@ -78,6 +78,7 @@ def test_resume_from_last_checkpoint_continues_in_a_new_directory(make_config, t
         (["model.family=bert"], "model.family"),
         (["ckpt_path=/nope/last.ckpt"], "ckpt_path"),
         (["optim.schedule=linear"], "optim.schedule"),
+        (["attention=temp_lookup"], "attention"),  # the synthetic tables' variants: not for language data
     ],
 )
 def test_bad_config_names_the_key(make_config, overrides: list[str], key: str) -> None:
@@ -150,6 +151,8 @@ def test_multirun_sweep_gives_one_directory_per_job_and_a_comparison_table(tmp_p
         ("trainer.max_steps=0", "trainer.max_steps"),
         ("experiment_name=../../x", "experiment_name"),
         ("ckpt_path=/nonexistent/last.ckpt", "ckpt_path"),
+        ("attention=temp_lookup", "attention"),
+        ("attention=value_select", "attention"),
     ],
 )
 def test_cli_bad_value_is_one_line_and_writes_nothing(tmp_path: Path, override: str, key: str) -> None:
