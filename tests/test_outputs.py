@@ -1,8 +1,10 @@
 """Where things go: outputs and the cache under the project root whichever directory a command starts from, debug
-runs apart from the real ones; what a run prints and logs."""
+runs apart from the real ones; what a run prints and logs; no lock file left beside a shared file."""
 
 from __future__ import annotations
 
+import csv
+import multiprocessing
 import shutil
 import subprocess
 import sys
@@ -11,6 +13,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
+from attnlab.eval.harness import append_csv
 from tests.conftest import CONF, MICRO_DATA, MICRO_MODEL, ROOT
 
 QUIET = ["logger=csv", "trainer=cpu", "callbacks.progress_bar.refresh_rate=0", *MICRO_MODEL, *MICRO_DATA]
@@ -45,3 +48,24 @@ def test_a_run_started_elsewhere_writes_into_its_project_and_shows_its_config(tm
     assert f"outputs: {run}\n" in summary
     log = (run / "train.log").read_text()
     assert log.rstrip().endswith(f"outputs: {run}") and "validation perplexity" in log
+
+
+def _append_rows(path: Path, worker: int) -> None:
+    for i in range(10):
+        extra = {f"column_{worker}": 1.0} if i == 5 else {}  # new columns make writers rewrite the whole table
+        append_csv(path, {"run_id": f"{worker}-{i}", "ppl": float(i), **extra})
+
+
+def test_parallel_evaluations_keep_every_row_and_leave_no_lock_file(tmp_path: Path) -> None:
+    results = tmp_path / "eval" / "results.csv"
+    context = multiprocessing.get_context("fork")  # the workers only append to a CSV
+    workers = [context.Process(target=_append_rows, args=(results, w)) for w in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=60)
+        assert worker.exitcode == 0
+    rows = list(csv.DictReader(results.open(newline="")))
+    assert sorted(r["run_id"] for r in rows) == sorted(f"{w}-{i}" for w in range(4) for i in range(10))
+    assert {f"column_{w}" for w in range(4)} <= set(rows[0])
+    assert [p.name for p in results.parent.iterdir()] == ["results.csv"]

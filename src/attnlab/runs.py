@@ -14,10 +14,11 @@ import pickle
 import re
 import shutil
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import IO, TYPE_CHECKING, Any, ClassVar
 
 import torch
 from hydra.core.hydra_config import HydraConfig
@@ -59,6 +60,19 @@ def output_dir(cfg: DictConfig) -> Path:
     if HydraConfig.initialized():
         return Path(HydraConfig.get().runtime.output_dir)
     return Path(cfg.paths.output_dir)
+
+
+@contextmanager
+def locked(path: Path, mode: str = "a+") -> Iterator[IO[str]]:
+    """``path`` opened in ``mode`` (created if missing) under an exclusive ``flock`` until it is closed, so writers
+    that share a file (sweep jobs, evaluations) take turns on the file itself and no ``.lock`` file is left beside
+    it. Rewrite such a file in place (``seek(0)``, ``truncate()``), never by renaming another file over it."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open(mode, newline="") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        yield fh  # closing the file releases the lock
 
 
 def remove_stub(directory: Path) -> None:
