@@ -1,5 +1,6 @@
 """Where things go: outputs and the cache under the project root whichever directory a command starts from, debug
-runs apart from the real ones; what a run prints and logs; no lock file left beside a shared file."""
+runs apart from the real ones; what a run prints and logs; `make clean` that keeps runs and results; no lock file
+left beside a shared file."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
@@ -48,6 +50,37 @@ def test_a_run_started_elsewhere_writes_into_its_project_and_shows_its_config(tm
     assert f"outputs: {run}\n" in summary
     log = (run / "train.log").read_text()
     assert log.rstrip().endswith(f"outputs: {run}") and "validation perplexity" in log
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_clean_keeps_runs_and_results_and_clean_outputs_removes_runs(tmp_path: Path) -> None:
+    shutil.copy(ROOT / "Makefile", tmp_path)
+    made = [
+        "outputs/default/run/results.json",
+        "outputs/runs/tiny-vanilla-s1-0123456789/results.json",
+        "experiments/results/table1/table1.md",
+        ".cache/attnlab/corpus/wiki_sample.jsonl",
+        ".pytest_cache/v/cache/lastfailed",
+        ".ruff_cache/0.6/cache",
+        "src/attnlab/__pycache__/runs.cpython-311.pyc",
+        "notebooks/.ipynb_checkpoints/tables-checkpoint.ipynb",
+    ]
+    for name in made:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+
+    def left() -> list[str]:
+        return sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file() and p.name != "Makefile")
+
+    def make(target: str) -> None:
+        subprocess.run(["make", target], cwd=tmp_path, check=True, capture_output=True, timeout=60)
+
+    make("clean")
+    assert left() == sorted(made[:4])
+    make("clean-data")
+    assert left() == sorted(made[:3])
+    make("clean-outputs")
+    assert left() == ["experiments/results/table1/table1.md"]
 
 
 def _append_rows(path: Path, worker: int) -> None:
