@@ -13,7 +13,7 @@ TABLE = $(PY) experiments/reproduce_table.py scale=$(SCALE) force=$(if $(FORCE),
 
 .DEFAULT_GOAL := help
 .PHONY: help install train test test-slow lint format bench reproduce-table1 reproduce-table2 reproduce-table3 \
-	reproduce-table4 notebooks clean clean-data clean-outputs
+	reproduce-table4 notebooks readme-sample clean clean-data clean-outputs
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -57,6 +57,9 @@ reproduce-table3: $(STAMP)  ## SSA Table 3 (pretrain + fine-tune, 3 seeds; SCALE
 
 reproduce-table4: $(STAMP)  ## SSA Table 4 (passkey retrieval; SCALE=cpu|paper|smoke) -> experiments/results/table4/
 	$(TABLE) table=table4
+
+readme-sample: $(STAMP)  ## re-run make train (and eval=analysis on it) and write the README's sample outputs from them
+	$(PY) experiments/readme_sample.py --analysis
 
 notebooks: $(STAMP)  ## open notebooks/ in JupyterLab (installs the `notebooks` extra into .venv the first time)
 	test -x $(VENV)/bin/jupyter-lab || $(PY) -m pip install -q -e '.[notebooks]'
