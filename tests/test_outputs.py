@@ -50,6 +50,8 @@ def test_a_run_started_elsewhere_writes_into_its_project_and_shows_its_config(tm
     assert f"outputs: {run}\n" in summary
     log = (run / "train.log").read_text()
     assert log.rstrip().endswith(f"outputs: {run}") and "validation perplexity" in log
+    printed = done.stdout + done.stderr  # Lightning's lines once, through Hydra's handlers (not also as "INFO: ...")
+    assert printed.count("Running in `fast_dev_run` mode") == 1 and "Running in `fast_dev_run` mode" in log
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")

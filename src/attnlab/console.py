@@ -11,6 +11,21 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 log = logging.getLogger("attnlab")
 
 
+def log_once() -> None:
+    """Lightning's log lines once, through Hydra's handlers (the terminal and the run's ``<job>.log``).
+
+    The ``lightning`` package gives its logger a console handler of its own on import (and ``lightning.pytorch`` /
+    ``lightning.fabric`` do when imported before Hydra configures logging, as Hydra's callbacks import them), so
+    under Hydra every Lightning line was printed twice, once as ``INFO: ...``. Call once logging is configured."""
+    if not logging.getLogger().handlers:  # not under Hydra: Lightning's handlers are the only ones
+        return
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        logger = logging.getLogger(name)
+        for handler in [h for h in logger.handlers if type(h) is logging.StreamHandler]:
+            logger.removeHandler(handler)
+        logger.propagate = True
+
+
 def config_tree(cfg: DictConfig, title: str = "config"):
     """A ``rich.tree.Tree``: the top-level values first (one branch), then one branch per group, each as YAML."""
     from rich.tree import Tree
