@@ -13,7 +13,7 @@ TABLE = $(PY) experiments/reproduce_table.py scale=$(SCALE) force=$(if $(FORCE),
 
 .DEFAULT_GOAL := help
 .PHONY: help install train test test-slow lint format bench reproduce-table1 reproduce-table2 reproduce-table3 \
-	reproduce-table4 clean
+	reproduce-table4 notebooks readme-sample clean clean-data clean-outputs
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -35,15 +35,16 @@ test: $(STAMP)  ## the default test suite (a few minutes on CPU)
 test-slow: $(STAMP)  ## the slow tests: longer CPU training runs per variant
 	$(PY) -m pytest -q -m slow $(ARGS)
 
-lint: $(STAMP)  ## ruff check
+lint: $(STAMP)  ## ruff check and ruff format --check (what .pre-commit-config.yaml runs on each commit)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 format: $(STAMP)  ## ruff format and fix imports
 	$(VENV)/bin/ruff check --fix --select I .
 	$(VENV)/bin/ruff format .
 
-bench: $(STAMP)  ## time a training step of every attention variant vs vanilla -> experiments/results/bench/
-	$(PY) -m attnlab.bench --out experiments/results/bench/$$($(PY) -c "import torch; print('gpu' if torch.cuda.is_available() else 'cpu')")-$$(date +%Y%m%d-%H%M%S).md $(ARGS)
+bench: $(STAMP)  ## time a training step of every attention variant vs vanilla -> outputs/bench/ (~10 min on a CPU)
+	$(PY) -m attnlab.bench --out outputs/bench/$$($(PY) -c "import torch; print('gpu' if torch.cuda.is_available() else 'cpu')")-$$(date +%Y%m%d-%H%M%S).md $(ARGS)
 
 reproduce-table1: $(STAMP)  ## SSA Table 1 / Figure 3 (synthetic graph, 5 seeds, ~4 min on 2 cores) -> experiments/results/table1/
 	$(PY) experiments/reproduce_synthetic.py synthetic_table=table1/default $(ARGS)
@@ -57,5 +58,19 @@ reproduce-table3: $(STAMP)  ## SSA Table 3 (pretrain + fine-tune, 3 seeds; SCALE
 reproduce-table4: $(STAMP)  ## SSA Table 4 (passkey retrieval; SCALE=cpu|paper|smoke) -> experiments/results/table4/
 	$(TABLE) table=table4
 
-clean:  ## remove outputs and caches (keeps .venv)
-	rm -rf outputs multirun .cache .pytest_cache .ruff_cache
+readme-sample: $(STAMP)  ## re-run make train (and eval=analysis on it) and write the README's sample outputs from them
+	$(PY) experiments/readme_sample.py --analysis
+
+notebooks: $(STAMP)  ## open notebooks/ in JupyterLab (installs the `notebooks` extra into .venv the first time)
+	test -x $(VENV)/bin/jupyter-lab || $(PY) -m pip install -q -e '.[notebooks]'
+	$(VENV)/bin/jupyter lab notebooks/
+
+clean:  ## remove tool caches (__pycache__, pytest, ruff, notebook checkpoints); keeps runs, data and .venv
+	rm -rf .pytest_cache .ruff_cache
+	find . -path ./.venv -prune -o \( -name __pycache__ -o -name .ipynb_checkpoints \) -type d -prune -exec rm -rf {} +
+
+clean-data:  ## remove the prepared corpora, tokenizers and packed blocks (.cache/attnlab; rebuilt on the next run)
+	rm -rf .cache
+
+clean-outputs:  ## remove every run, sweep, table cell and evaluation under outputs/ (experiments/results stays)
+	rm -rf outputs multirun

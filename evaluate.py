@@ -9,8 +9,12 @@ import attnlab.resolvers  # noqa: F401  (registers ${run_id:} before Hydra compo
 @hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")
 def main(cfg: DictConfig) -> None:
     """Evaluation is imported here, after Hydra's config checks, so a bad value fails in a second."""
+    from attnlab.console import log_once, print_config
     from attnlab.eval.run import main as run_evaluation
 
+    log_once()  # Lightning's lines once, not also through its own handler
+    if cfg.get("print_config", True):
+        print_config(cfg)
     run_evaluation(cfg)
 
 

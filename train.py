@@ -13,9 +13,13 @@ def main(cfg: DictConfig) -> float | None:
     Training and evaluation are imported here, after Hydra's config checks, so a bad value fails in a second."""
     from functools import partial
 
+    from attnlab.console import log_once, print_config
     from attnlab.eval.harness import evaluate_after_training
     from attnlab.training.run import main as run_training
 
+    log_once()  # Lightning's lines once, not also through its own handler
+    if cfg.get("print_config", True):
+        print_config(cfg)
     evaluate = partial(evaluate_after_training, cfg) if OmegaConf.select(cfg, "eval.after_train") else None
     return run_training(cfg, evaluate).get("val_loss")
 

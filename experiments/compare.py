@@ -1,10 +1,12 @@
-"""Turn the runs of a sweep into one comparison table (Markdown and CSV), grouped over seeds.
+"""Turn the runs of a sweep into one comparison table (Markdown and CSV) and a figure, grouped over seeds.
 
     python experiments/compare.py outputs/<experiment>/multirun_<id> [--out experiments/results/<name>]
 
 Reads each run's ``results.json`` (written by train.py) and its ``.hydra/overrides.yaml``; rows are the distinct
 settings (attention, model, the swept overrides other than the seed), with the mean and spread over seeds.
 Jobs that failed or left no ``results.json`` are listed under the table (and on stderr), never silently dropped.
+With ``--out``, ``curves.png`` beside the table draws each setting's training and validation loss against the step
+(mean over seeds, band: ± one standard deviation) from the runs' ``csv/metrics.csv``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import yaml
@@ -20,6 +23,8 @@ import yaml
 from attnlab.training.sweeps import read_jobs
 
 METRICS = ("val_loss", "val_ppl", "unigram_ppl", "tokens_per_second", "parameters")
+CURVES = ("train/loss", "val/loss")  # columns of each run's csv/metrics.csv (Lightning's CSV logger)
+OUTPUTS = ("table.md", "table.csv", "curves.png")
 
 
 def collect(sweep_dir: Path) -> pd.DataFrame:
@@ -28,10 +33,10 @@ def collect(sweep_dir: Path) -> pd.DataFrame:
     for results_file in sorted(sweep_dir.rglob("results.json")):
         overrides_file = results_file.parent / ".hydra" / "overrides.yaml"
         overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file.exists() else []
-        found.append((json.loads(results_file.read_text()), overrides))
-    shared = set.intersection(*(set(o) for _, o in found)) if found else set()
+        found.append((results_file.parent, json.loads(results_file.read_text()), overrides))
+    shared = set.intersection(*(set(o) for _, _, o in found)) if found else set()
     rows = []
-    for results, overrides in found:
+    for run_dir, results, overrides in found:
         varying = [o for o in overrides if o not in shared and not o.startswith(("seed=", "attention=", "model="))]
         setting = " ".join(varying)
         rows.append(
@@ -40,6 +45,7 @@ def collect(sweep_dir: Path) -> pd.DataFrame:
                 "model": results["model"],
                 "setting": setting,
                 "seed": next((o.split("=", 1)[1] for o in overrides if o.startswith("seed=")), ""),
+                "run": str(run_dir),
                 **{m: results.get(m) for m in METRICS},
             }
         )
@@ -91,12 +97,69 @@ def to_markdown(table: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+def label(row: Any, models: int) -> str:
+    """A setting's name in the figure: its attention, the model when the sweep has several, the other overrides."""
+    return " ".join(part for part in (row.attention, row.model if models > 1 else "", row.setting) if part)
+
+
+def loss_curves(runs: pd.DataFrame) -> pd.DataFrame:
+    """Every run's logged losses (long format: setting, seed, metric, step, loss); a resumed run's repeated step
+    counts once, as its later row. Runs without ``csv/metrics.csv`` (``logger=none``, ``debug=fdr``) are skipped."""
+    models = runs["model"].nunique()
+    frames = []
+    for run in runs.itertuples():
+        metrics_file = Path(run.run) / "csv" / "metrics.csv"
+        if not metrics_file.is_file():
+            continue
+        metrics = pd.read_csv(metrics_file)
+        for metric in CURVES:
+            if metric not in metrics:
+                continue
+            curve = metrics.dropna(subset=[metric]).groupby("step")[metric].last()
+            frames.append(
+                pd.DataFrame({"step": curve.index, "loss": curve.to_numpy()}).assign(
+                    setting=label(run, models), seed=run.seed, metric=metric
+                )
+            )
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def plot_curves(curves: pd.DataFrame, order: list[str], title: str, path: Path) -> None:
+    """One panel per loss: each setting's mean over seeds as a line, ± one standard deviation as a band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    stats = curves.groupby(["metric", "setting", "step"])["loss"].agg(["mean", "std", "count"]).reset_index()
+    fig, axes = plt.subplots(1, len(CURVES), figsize=(6 * len(CURVES), 4), squeeze=False)
+    for ax, metric in zip(axes[0], CURVES, strict=True):
+        for setting in order:
+            curve = stats[(stats["metric"] == metric) & (stats["setting"] == setting)]
+            if curve.empty:
+                continue
+            seeds = int(curve["count"].max())
+            (line,) = ax.plot(curve["step"], curve["mean"], marker="." if metric == "val/loss" else None)
+            line.set_label(f"{setting} ({seeds} seed{'s' if seeds > 1 else ''})")
+            spread = curve["std"].fillna(0.0)
+            band = (curve["mean"] - spread, curve["mean"] + spread)
+            ax.fill_between(curve["step"], *band, color=line.get_color(), alpha=0.2, lw=0)
+        ax.set(title=metric, xlabel="step", ylabel="loss (nats per token)")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"{title}: mean over seeds, band ± 1 std")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sweep_dir", type=Path)
     parser.add_argument("--out", type=Path, default=None, help="directory for table.md and table.csv")
     args = parser.parse_args()
-    table = summarise(collect(args.sweep_dir))
+    runs = collect(args.sweep_dir)
+    table = summarise(runs)
     markdown = to_markdown(table)
     missing = missing_jobs(args.sweep_dir)
     if missing:
@@ -105,11 +168,18 @@ def main() -> None:
     print(markdown)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        for name in ("table.md", "table.csv"):
+        for name in OUTPUTS:
             if (args.out / name).exists():
                 raise SystemExit(f"error: {args.out / name} exists; results are never overwritten")
         (args.out / "table.md").write_text(markdown)
         table.to_csv(args.out / "table.csv", index=False)
+        curves = loss_curves(runs)
+        if curves.empty:
+            print("warning: no run logged its losses (csv/metrics.csv); no curves.png", file=sys.stderr)
+        else:
+            order = [label(r, table["model"].nunique()) for r in table.itertuples()]  # the table's: vanilla first
+            plot_curves(curves, order, args.sweep_dir.name, args.out / "curves.png")
+        print(f"written: {', '.join(str(args.out / n) for n in OUTPUTS if (args.out / n).exists())}")
 
 
 if __name__ == "__main__":

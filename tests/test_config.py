@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import re
+from pathlib import Path
+
 import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
@@ -113,3 +118,86 @@ def test_clipped_softmax_gamma_uses_the_training_context(make_config) -> None:
     cfg = make_config(["attention=clipped_softmax", "model.block_size=256", "data.block_size=128"])
     variant = build_model(cfg).blocks[0].attn.variant
     assert variant.gamma == pytest.approx(-12.0 / 128)
+
+
+# ------------------------------------------------------------------------------------------------ documented keys
+KEY = re.compile(r"^(?P<indent> *)(?P<item>- )?(?P<key>[A-Za-z_][\w.@/-]*|\"[^\"]+\"):(?P<value>.*)$")
+# Keys whose children are data, said once on the parent's line: the papers' numbers, the stand-ins per paper column.
+DATA_NODES = {"paper", "standins"}
+
+
+def brackets(line: str) -> int:
+    """How many ``[`` / ``{`` the line leaves open (outside quotes and comments): a flow collection's next lines."""
+    depth, quote = 0, None
+    for char in line:
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "\"'":
+            quote = char
+        elif char == "#":
+            break
+        elif char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth -= 1
+    return depth
+
+
+def undocumented(path: Path) -> list[str]:
+    """Leaf keys without a comment on their line or on the line above, unless the same key at the same depth is
+    commented earlier in the file (said once per file). Hydra's ``defaults`` lists, ``_target_`` and mappings
+    (whose leaves carry the comments) are exempt; so are conf/model presets' fields, commented on ModelConfig."""
+    lines = path.read_text().splitlines()
+    model_fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    documented: set[tuple[int, str]] = set()
+    stack: list[tuple[int, str]] = []
+    missing, depth = [], 0
+    for number, line in enumerate(lines):
+        match = None if depth > 0 else KEY.match(line)
+        depth += brackets(line)
+        if match is None:
+            continue
+        indent = len(match["indent"]) + (2 if match["item"] else 0)
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        parents = {key for _, key in stack}
+        key = match["key"]
+        stack.append((indent, key))
+        value = match["value"].split(" #")[0].strip()
+        later = [n for n in lines[number + 1 :] if n.strip() and not n.strip().startswith("#")]
+        mapping = not value and bool(later) and len(later[0]) - len(later[0].lstrip()) > indent
+        commented = " #" in line or (number > 0 and lines[number - 1].strip().startswith("#"))
+        if commented:
+            documented.add((indent, key))
+        exempt = key in ("_target_", "defaults") or "defaults" in parents or parents & DATA_NODES or mapping
+        exempt = exempt or (path.parent.name == "model" and key in model_fields)
+        if not (commented or exempt or (indent, key) in documented):
+            missing.append(f"{path.relative_to(CONF)}:{number + 1}: {line.strip()}")
+    return missing
+
+
+def test_every_config_key_says_what_it_does() -> None:
+    """Each key a user may set carries a comment: what it does, its unit or allowed values."""
+    missing = [entry for path in sorted(CONF.rglob("*.yaml")) for entry in undocumented(path)]
+    assert missing == [], "keys without a comment:\n" + "\n".join(missing)
+
+
+def option_classes() -> list[type]:
+    """The dataclasses whose fields are config keys: ModelConfig (model.*) and every variant's Options (attention.*)."""
+    classes = {ModelConfig, *(resolve_options({"name": name})[0].Options for name in available_attention())}
+    return sorted({k for c in classes for k in c.__mro__ if dataclasses.is_dataclass(k)}, key=lambda k: k.__name__)
+
+
+@pytest.mark.parametrize("cls", option_classes(), ids=lambda c: c.__name__)
+def test_every_dataclass_option_says_what_it_does(cls: type) -> None:
+    """model.* and attention.* keys come from dataclasses: each field's line (or the one above) has a comment."""
+    source, _ = inspect.getsourcelines(cls)
+    own = [f for f in dataclasses.fields(cls) if f.name in inspect.get_annotations(cls)]
+    missing = []
+    for f in own:
+        if f.name == "name" and cls is not ModelConfig:
+            continue  # attention.name is the option itself (attention=<name>)
+        index = next(i for i, line in enumerate(source) if re.match(rf"\s+{f.name}\s*:", line))
+        if "#" not in source[index] and not source[index - 1].strip().startswith("#"):
+            missing.append(f.name)
+    assert missing == [], f"{cls.__name__} fields without a comment: {missing}"

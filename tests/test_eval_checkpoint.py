@@ -102,6 +102,10 @@ def test_evaluate_cli_runs_the_quick_task_set_on_a_checkpoint_copied_alone(
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "attnlab eval [quick]" in done.stdout and "heldout_word_ppl" in done.stdout
+    assert f"results: {tmp_path / 'eval' / 'results.json'}" in done.stdout and f"{tmp_path}/r.csv" in done.stdout
+    log = (tmp_path / "eval" / "evaluate.log").read_text()  # what the terminal showed, kept with the results
+    assert f"Evaluating {alone} on eval=quick" in log and "heldout_word_ppl" in log and "results.json" in log
+    assert "── eval\n" in done.stdout  # the config, printed as a tree when the evaluation starts
     record = json.loads((tmp_path / "eval" / "results.json").read_text())
     assert set(record["versions"]) == {"attnlab_passkey", "attnlab_heldout"} and record["lm_eval_version"]
     assert record["model"]["attnlab_attention"] == ATTENTION

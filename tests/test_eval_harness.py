@@ -84,6 +84,14 @@ def test_quick_task_set_runs_passkey_and_heldout_offline(lm: AttnlabLM, tmp_path
     assert record["results"]["n-samples"]["attnlab_passkey"]["effective"] == 4
 
 
+def test_evaluation_says_where_it_wrote_its_results(lm: AttnlabLM, tmp_path: Path, data_cache: Path, capsys) -> None:
+    quick = {**suite("quick"), "passkey": {"context_lengths": [128], "samples_per_length": 1, "seed": 1}}
+    results_csv = tmp_path / "results.csv"
+    evaluate_suite(lm, quick, tmp_path / "out", limit=2, cache_dir=str(data_cache), results_csv=results_csv)
+    printed = capsys.readouterr().out
+    assert printed.rstrip().endswith(f"results: {tmp_path / 'out' / 'results.json'}\n  one row added to {results_csv}")
+
+
 def test_passkey_lengths_beyond_the_window_are_rejected(lm: AttnlabLM, tmp_path: Path) -> None:
     from attnlab.errors import ConfigError
 

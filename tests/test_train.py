@@ -83,6 +83,7 @@ def test_resume_from_last_checkpoint_continues_in_a_new_directory(make_config, t
         (["model.family=bert"], "model.family"),
         (["ckpt_path=/nope/last.ckpt"], "ckpt_path"),
         (["optim.schedule=linear"], "optim.schedule"),
+        (["attention=temp_lookup"], "attention"),  # the synthetic tables' variants: not for language data
     ],
 )
 def test_bad_config_names_the_key(make_config, overrides: list[str], key: str) -> None:
@@ -123,7 +124,8 @@ def test_run_ids_differ_between_processes_started_together() -> None:
 
 def test_multirun_sweep_gives_one_directory_per_job_and_a_comparison_table(tmp_path: Path, data_cache: Path) -> None:
     """``train.py -m`` from any directory: each job in its own subdirectory, collected by experiments/compare.py."""
-    overrides = [*QUIET, "debug=fdr", f"paths.cache_dir={data_cache}", "experiment_name=sweep"]
+    logs = f"paths.log_dir={tmp_path / 'outputs'}"
+    overrides = [*QUIET, "debug=fdr", f"paths.cache_dir={data_cache}", logs, "experiment_name=sweep"]
     command = [sys.executable, str(ROOT / "train.py"), "-m", "attention=vanilla,gated_sdpa", *overrides]
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -154,13 +156,16 @@ def test_multirun_sweep_gives_one_directory_per_job_and_a_comparison_table(tmp_p
         ("trainer.max_steps=0", "trainer.max_steps"),
         ("experiment_name=../../x", "experiment_name"),
         ("ckpt_path=/nonexistent/last.ckpt", "ckpt_path"),
+        ("attention=temp_lookup", "attention"),
+        ("attention=value_select", "attention"),
     ],
 )
 def test_cli_bad_value_is_one_line_and_writes_nothing(tmp_path: Path, override: str, key: str) -> None:
     """Checked before Hydra creates the run directory: started from a/b, nothing appears anywhere under tmp_path."""
     start = tmp_path / "a" / "b"
     start.mkdir(parents=True)
-    command = [sys.executable, str(ROOT / "train.py"), f"paths.cache_dir={tmp_path}/cache", override]
+    paths = [f"paths.cache_dir={tmp_path}/cache", f"paths.log_dir={tmp_path}/outputs"]  # where a run would write
+    command = [sys.executable, str(ROOT / "train.py"), *paths, override]
     done = subprocess.run(command, cwd=start, capture_output=True, text=True, timeout=300)
     assert done.returncode != 0
     assert done.stderr.strip().splitlines()[-1].startswith(f"error: {key}: ")

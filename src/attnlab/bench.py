@@ -1,6 +1,6 @@
 """Training-step benchmark of every attention variant against vanilla, measured side by side in one process.
 
-``python -m attnlab.bench --out experiments/results/bench_cpu.md`` (``make bench``). Variants are timed
+``python -m attnlab.bench --out outputs/bench/cpu.md`` (``make bench``). Variants are timed
 round-robin, so a slow moment of the machine hits all of them alike; the report gives the median time per step
 and its ratio to vanilla. On a GPU it also reports tokens/s and model FLOP utilisation (bf16 autocast).
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -41,12 +42,15 @@ def benchmark(config: ModelConfig, names: list[str], batch: int, length: int, ro
     tokens = torch.randint(0, config.vocab_size, (batch, length + 1), device=device)
     autocast = device.startswith("cuda")
     steps, models = {}, {}
-    for name in names:
+    started = time.perf_counter()
+    for number, name in enumerate(names, 1):
+        progress(f"building and warming up {name} ({number}/{len(names)})", started)
         models[name] = build_gpt(config.to_dict(), name).to(device)
         steps[name] = make_step(models[name], tokens, autocast)
         steps[name]()  # warm-up: allocator, kernels selection
     timings: dict[str, list[float]] = {name: [] for name in names}
-    for _ in range(rounds):
+    for number in range(1, rounds + 1):
+        progress(f"round {number}/{rounds}: one step of each of the {len(names)} variants", started)
         for name in names:
             if device.startswith("cuda"):
                 torch.cuda.synchronize()
@@ -71,6 +75,11 @@ def benchmark(config: ModelConfig, names: list[str], batch: int, length: int, ro
             }
         )
     return rows
+
+
+def progress(what: str, started: float) -> None:
+    """A line on stderr, so a run of several minutes shows where it is (the report goes to stdout and --out)."""
+    print(f"bench [{time.perf_counter() - started:5.0f} s] {what}", file=sys.stderr, flush=True)
 
 
 def report(rows: list[dict], header: str, peak_flops: float | None) -> str:
@@ -124,6 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     print(text)
+    print(f"written: {args.out}", file=sys.stderr)
 
 
 def _device_name(device: str) -> str:

@@ -3,17 +3,37 @@ nodes generated from the dataclasses (``attention=<preset>``, the model defaults
 
 from __future__ import annotations
 
+import os
 import secrets
 from datetime import datetime
+from pathlib import Path
 
-from omegaconf import OmegaConf
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
 
 # One id per process: a timestamp plus random hex, so two runs started in the same second never share a
 # directory, while every interpolation inside one process (hydra.run.dir, a sweep's dir) sees the same id.
 RUN_ID = f"{datetime.now():%Y-%m-%d_%H-%M-%S}_{secrets.token_hex(3)}"
 
+
+def project_root(*, _root_: DictConfig) -> str:
+    """``${project_root:}``: the directory holding the entry point's ``conf/`` (the repository), so that outputs and
+    the cache land there whichever directory a command starts from (the lightning-hydra-template anchors them to its
+    project root the same way). Hydra records that directory as its ``main`` config source; the current directory
+    is the fallback for a config composed without Hydra's runtime information."""
+    sources = OmegaConf.select(_root_, "hydra.runtime.config_sources", default=None)
+    if sources is None and HydraConfig.initialized():  # inside the job: the task's config has no hydra node
+        sources = HydraConfig.get().runtime.config_sources
+    for source in sources or []:
+        if source.provider == "main" and source.schema == "file":
+            return str(Path(source.path).resolve().parent)
+    return os.getcwd()
+
+
 if not OmegaConf.has_resolver("run_id"):
     OmegaConf.register_new_resolver("run_id", lambda: RUN_ID)
+if not OmegaConf.has_resolver("project_root"):
+    OmegaConf.register_new_resolver("project_root", project_root)
 
 from attnlab.attention import store_presets  # noqa: E402
 from attnlab.models.config import store_defaults  # noqa: E402

@@ -14,10 +14,11 @@ import pickle
 import re
 import shutil
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import IO, TYPE_CHECKING, Any, ClassVar
 
 import torch
 from hydra.core.hydra_config import HydraConfig
@@ -37,6 +38,9 @@ MODEL_PREFIX = "model."  # the LightningModule holds the GPT as ``self.model``
 # Data settings that do not change which documents are held out or how they are tokenized.
 DATA_RUNTIME_KEYS = ("_target_", "batch_size", "num_workers", "cache_dir", "shuffle_seed", "shuffle_buffer")
 SCHEDULES = ("cosine", "constant")
+# Variants made for the SSA paper's synthetic tables (conf/synthetic_table, `make reproduce-table1/2`), not for
+# language data: a temperature looked up per graph node, and an oracle that reads one-hot signal tokens.
+SYNTHETIC_ONLY_ATTENTION = ("temp_lookup", "value_select")
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=,+-]*")
 # Inside a run directory: the latest state (always written) and the final metrics (written once, when fit ends).
 LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
@@ -56,6 +60,19 @@ def output_dir(cfg: DictConfig) -> Path:
     if HydraConfig.initialized():
         return Path(HydraConfig.get().runtime.output_dir)
     return Path(cfg.paths.output_dir)
+
+
+@contextmanager
+def locked(path: Path, mode: str = "a+") -> Iterator[IO[str]]:
+    """``path`` opened in ``mode`` (created if missing) under an exclusive ``flock`` until it is closed, so writers
+    that share a file (sweep jobs, evaluations) take turns on the file itself and no ``.lock`` file is left beside
+    it. Rewrite such a file in place (``seek(0)``, ``truncate()``), never by renaming another file over it."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open(mode, newline="") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        yield fh  # closing the file releases the lock
 
 
 def remove_stub(directory: Path) -> None:
@@ -155,6 +172,16 @@ def validate_train_config(cfg: DictConfig) -> OptimSpec:
     batch_size = typed(cfg.data.get("batch_size"), int, "data.batch_size", "must be a positive integer")
     require(batch_size > 0, "data.batch_size", f"must be a positive integer, got {batch_size}")
     check_trainer(cfg.trainer)
+    name = OmegaConf.select(cfg, "attention.name")
+    if name in SYNTHETIC_ONLY_ATTENTION:
+        from attnlab.attention import available_attention
+
+        allowed = [n for n in available_attention() if n not in SYNTHETIC_ONLY_ATTENTION]
+        raise ConfigError(
+            "attention",
+            f"{name} is made for the synthetic tables (make reproduce-table1, reproduce-table2), not for language "
+            f"data; allowed here: {', '.join(allowed)}",
+        )
     return optim_spec(plain(cfg.optim))
 
 

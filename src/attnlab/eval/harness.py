@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import fnmatch
+import io
 import json
 import logging
 import math
@@ -16,9 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
 from omegaconf import OmegaConf
 
+from attnlab.console import announce
 from attnlab.defaults import CACHE_DIR, DATA_SEED, EVAL_SEED
 from attnlab.errors import ConfigError
 from attnlab.eval.heldout import heldout_dataset
@@ -26,7 +27,7 @@ from attnlab.eval.lm import AttnlabLM
 from attnlab.eval.passkey import TASK as PASSKEY_TASK
 from attnlab.eval.passkey import fitting_lengths, per_length_accuracy
 from attnlab.hub import wandb_mode
-from attnlab.runs import output_dir, write_results
+from attnlab.runs import locked, output_dir, write_results
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,8 @@ def metric_columns(results: dict[str, Any], suite: dict[str, Any]) -> dict[str, 
 
 
 def append_csv(path: Path, row: dict[str, Any]) -> None:
-    """Add ``row`` to ``path``; a new column rewrites the header, every earlier row is kept (under a file lock).
+    """Add ``row`` to ``path``; a new column rewrites the header, every earlier row is kept (the file is locked while
+    it is read and written, so parallel evaluations take turns).
 
     A non-finite metric (NaN weights) is refused rather than tabled as a result; a last row cut before its newline
     (an interrupted writer, a hand edit) gets one, so the new row is never glued onto it.
@@ -130,24 +132,21 @@ def append_csv(path: Path, row: dict[str, Any]) -> None:
     if non_finite:
         model = row.get("checkpoint") or row.get("pretrained")
         raise ConfigError("checkpoint", f"{model} scores non-finite {', '.join(non_finite)}; not added to {path}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path) + ".lock"):
-        rows = list(csv.DictReader(path.open(newline=""))) if path.is_file() else []
+    with locked(path) as fh:
+        fh.seek(0)
+        text = fh.read()
+        rows = list(csv.DictReader(io.StringIO(text, newline="")))
         fields = list(dict.fromkeys([*(rows[0].keys() if rows else []), *row.keys()]))
         if rows and fields == list(rows[0].keys()):
-            with path.open("rb+") as fh:
-                fh.seek(-1, 2)
-                if fh.read(1) not in (b"\n", b"\r"):
-                    fh.write(b"\r\n")  # the csv module's line terminator
-            with path.open("a", newline="") as fh:
-                csv.DictWriter(fh, fieldnames=fields).writerow(row)
+            if not text.endswith(("\n", "\r")):
+                fh.write("\r\n")  # the csv module's line terminator
+            csv.DictWriter(fh, fieldnames=fields).writerow(row)
             return
-        tmp = path.with_suffix(".tmp")
-        with tmp.open("w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=fields)
-            writer.writeheader()
-            writer.writerows([*rows, row])
-        tmp.replace(path)
+        fh.seek(0)
+        fh.truncate()  # a new column: the whole table again, header first (appending now writes from the start)
+        writer = csv.DictWriter(fh, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows([*rows, row])
 
 
 def log_wandb(row: dict[str, Any], record: dict[str, Any], out_dir: Path, wandb_cfg: dict[str, Any]) -> None:
@@ -236,11 +235,15 @@ def evaluate_suite(
         append_csv(Path(results_csv), row)
     if wandb_cfg is not None:
         log_wandb(row, record, out_dir, wandb_cfg)
-    print(summary_text(row, results))
+    text = summary_text(row, results)
     if "analysis" in record:
         from attnlab.eval.analysis import format_summary
 
-        print(format_summary(record["analysis"]))
+        text += format_summary(record["analysis"]) + "\n"
+    text += f"  results: {out_dir / 'results.json'}\n"
+    if results_csv is not None:
+        text += f"  one row added to {results_csv}\n"
+    announce(text)  # on the terminal and in evaluate.log
     return record
 
 

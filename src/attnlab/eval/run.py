@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,8 @@ from attnlab.eval.harness import evaluate_suite
 from attnlab.eval.lm import AttnlabLM
 from attnlab.resolvers import RUN_ID
 from attnlab.runs import output_dir, plain, remove_stub
+
+log = logging.getLogger(__name__)
 
 
 def wandb_settings(cfg: DictConfig) -> dict[str, Any] | None:
@@ -27,6 +30,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if bool(cfg.get("ckpt_path")) == bool(cfg.get("pretrained")):
         raise ConfigError("ckpt_path", "pass one of ckpt_path=<run>/checkpoints/last.ckpt or pretrained=hf:<name>")
     L.seed_everything(cfg.seed, workers=True)
+    log.info("Evaluating %s on eval=%s into %s", cfg.get("ckpt_path") or cfg.pretrained, cfg.eval.name, output_dir(cfg))
     lm = AttnlabLM(
         checkpoint=cfg.get("ckpt_path"),
         pretrained=cfg.get("pretrained"),

@@ -16,26 +16,26 @@ POSITION_ENCODINGS = ("learned", "rotary", "sinusoidal", "alibi", "none")
 class ModelConfig:
     """Architecture of a decoder-only transformer; ``family`` picks the block style (norm, MLP, residual)."""
 
-    name: str = "tiny"
-    family: str = "gpt2"
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 256
+    name: str = "tiny"  # the preset's name (conf/model/<name>.yaml); results and table cells are labelled with it
+    family: str = "gpt2"  # block style: gpt2 | neox | llama (norm, MLP, residual; see the README's Models)
+    n_layer: int = 4  # transformer blocks
+    n_head: int = 4  # attention heads per block (query heads under GQA); must divide n_embd
+    n_embd: int = 256  # width of the residual stream; head size = n_embd / n_head
     n_kv_head: int | None = None  # grouped-query attention; None means n_head (plain multi-head)
     block_size: int = 256  # the model's context: the longest sequence it can take
     vocab_size: int = 8192  # set from the tokenizer when training from scratch
     intermediate_size: int | None = None  # MLP width; None means 4 * n_embd
-    bias: bool = True
-    dropout: float = 0.0
-    norm_eps: float = 1e-5
-    pos_encoding: str = "learned"
+    bias: bool = True  # biases in the linear layers and norms (false: Llama style)
+    dropout: float = 0.0  # dropout probability (attention, residual branches, embeddings), in [0, 1); 0: none
+    norm_eps: float = 1e-5  # epsilon of LayerNorm / RMSNorm
+    pos_encoding: str = "learned"  # learned | rotary | sinusoidal | alibi | none
     rotary_pct: float = 1.0  # fraction of each head's dims that rotary rotates (Pythia 0.25)
-    rope_base: float = 10000.0
+    rope_base: float = 10000.0  # rotary base frequency theta (Llama 3: 500000)
     rope_scaling: dict[str, Any] | None = None  # Llama 3 style: factor, low/high_freq_factor, original_max_...
     parallel_residual: bool = False  # GPT-NeoX: x + attn(ln1(x)) + mlp(ln2(x))
-    tie_embeddings: bool = True
+    tie_embeddings: bool = True  # the output head shares the token embedding matrix (GPT-2); false: its own
     tokenizer: str | None = None  # hub name or directory of the model's own tokenizer; None: train a BPE
-    init_from: str | None = None  # "hf:<name or dir>" loads pretrained weights (fine-tuning)
+    init_from: str | None = None  # "hf:<name or dir>" or one of our .ckpt: start from its weights (fine-tuning)
     head_mask: list[list[float]] | None = None  # (n_layer, n_head) of {0, 1}; None means all heads on
     extra: dict[str, Any] = field(default_factory=dict)  # provenance (e.g. the HF config it came from)
 

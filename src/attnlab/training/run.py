@@ -15,6 +15,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from attnlab.console import announce
 from attnlab.data import TextDataModule
 from attnlab.errors import ConfigError, require
 from attnlab.models import GPT, ModelConfig, build_gpt
@@ -153,7 +154,7 @@ def run(cfg: DictConfig, evaluate: Callable[[str], dict[str, Any]] | None = None
     if trainer.is_global_zero:
         log_results(loggers, results)
         write_results(out / RESULTS_FILE, results)
-        print(summary(results))
+        announce(summary(results))  # the terminal's last words, also at the end of train.log
     return results
 
 

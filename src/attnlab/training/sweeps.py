@@ -1,9 +1,9 @@
 """Sweeps that survive their failures: each job's error is that job's alone, and the multirun ends with a summary.
 
 Hydra's sweepers re-raise the first failed job after its batch and never reach ``on_multirun_end``; this
-callback records every job's outcome in ``<sweep dir>/jobs.jsonl`` (one JSON line per job, under a file lock so
-parallel launchers can share it), marks the failure handled so the sweep goes on, and at the end prints which
-jobs failed and why and exits non-zero if any did.
+callback records every job's outcome in ``<sweep dir>/jobs.jsonl`` (one JSON line per job, the file locked while
+a line is written so parallel launchers can share it), marks the failure handled so the sweep goes on, and at the
+end prints which jobs failed and why and exits non-zero if any did.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
@@ -22,6 +21,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from attnlab.errors import ConfigError
+from attnlab.runs import locked
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class SweepReport(Callback):
                 job_return.status, job_return.return_value = JobStatus.COMPLETED, None  # handled: the sweep goes on
         sweep_dir = Path(hydra_cfg.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(sweep_dir / (JOBS_FILE + ".lock"))), (sweep_dir / JOBS_FILE).open("a") as fh:
+        with locked(sweep_dir / JOBS_FILE, "a") as fh:
             fh.write(json.dumps(record) + "\n")
         if job_return.status == JobStatus.FAILED:
             raise SystemExit(f"{record['error']}; the sweep stops here (finished jobs: {sweep_dir / JOBS_FILE})")
