@@ -83,18 +83,23 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def to_markdown(table: pd.DataFrame) -> str:
-    lines = [
-        "| attention | model | setting | seeds | val loss | val ppl | tokens/s | params |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in table.itertuples():
-        spread = "" if pd.isna(r.val_loss_std) else f" ± {r.val_loss_std:.3f}"
-        ppl_spread = "" if pd.isna(r.val_ppl_std) else f" ± {r.val_ppl_std:.1f}"
-        lines.append(
-            f"| {r.attention} | {r.model} | {r.setting} | {r.seeds} | {r.val_loss:.3f}{spread} "
-            f"| {r.val_ppl:.1f}{ppl_spread} | {r.tokens_per_second:,.0f} | {r.parameters:,} |"
-        )
-    return "\n".join(lines) + "\n"
+    def spread(std: float, digits: int) -> str:
+        return "" if pd.isna(std) else f" ± {std:.{digits}f}"
+
+    shown = pd.DataFrame(
+        {
+            "attention": r.attention,
+            "model": r.model,
+            "setting": r.setting,
+            "seeds": str(r.seeds),
+            "val loss": f"{r.val_loss:.3f}{spread(r.val_loss_std, 3)}",
+            "val ppl": f"{r.val_ppl:.1f}{spread(r.val_ppl_std, 1)}",
+            "tokens/s": f"{r.tokens_per_second:,.0f}",
+            "params": f"{r.parameters:,}",
+        }
+        for r in table.itertuples()
+    )
+    return shown.to_markdown(index=False, disable_numparse=True) + "\n"
 
 
 def label(row: Any, models: int) -> str:
