@@ -1,0 +1,52 @@
+"""The README's sample outputs are generated (experiments/readme_sample.py), never typed: the blocks are the
+rendering of the recorded runs, and a fresh `make train` still prints the recorded numbers (slow)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from experiments import readme_sample
+
+from tests.conftest import ROOT
+
+
+def test_readme_samples_are_the_recorded_runs_rendered() -> None:
+    text = (ROOT / "README.md").read_text()
+    blocks = [m["name"] for m in readme_sample.BLOCK.finditer(text)]
+    assert blocks == ["train", "analysis"]
+    assert all((readme_sample.RECORDS / f"{name}.json").is_file() for name in blocks)
+    assert readme_sample.render_readme(text) == text, "README.md differs from its records: make readme-sample"
+
+
+def test_a_block_is_rewritten_from_its_record(tmp_path: Path) -> None:
+    results = {"model": "tiny", "attention": "vanilla", "steps": 3, "run_tokens": 96, "train_seconds": 2.0}
+    results |= {"tokens_per_second": 48.0, "val_ppl": 123.45, "unigram_ppl": 400.0, "output_dir": "/path/to/x"}
+    (tmp_path / "train.json").write_text(json.dumps(results))
+    text = "intro\n<!-- sample:train (generated) -->\n```\ntyped 544.1\n```\n<!-- /sample:train -->\nrest\n"
+    rendered = readme_sample.render_readme(text, records=tmp_path)
+    assert "typed" not in rendered and "validation perplexity 123.5  vs  unigram baseline 400.0" in rendered
+    assert rendered.startswith("intro\n<!-- sample:train (generated) -->\n```\nattnlab: tiny") and rendered.endswith(
+        "```\n<!-- /sample:train -->\nrest\n"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_make_train_still_prints_the_recorded_numbers(tmp_path: Path) -> None:
+    """`make train`'s command (no overrides but where it writes) gives the README's perplexities."""
+    recorded = json.loads((readme_sample.RECORDS / "train.json").read_text())
+    command = [sys.executable, "train.py", f"hydra.run.dir={tmp_path}/run", f"paths.cache_dir={tmp_path}/cache"]
+    command += ["callbacks.progress_bar.refresh_rate=0", "print_config=false"]  # what is shown, not what is computed
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=3500)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert [f"{results[k]:.1f}" for k in ("val_ppl", "unigram_ppl")] == [
+        f"{recorded[k]:.1f}" for k in ("val_ppl", "unigram_ppl")
+    ]
+    assert [results[k] for k in ("steps", "run_tokens", "parameters")] == [
+        recorded[k] for k in ("steps", "run_tokens", "parameters")
+    ]
