@@ -33,6 +33,11 @@ class AttentionShape:
     head_dim: int
     block_size: int
 
+    @property
+    def qkv_sizes(self) -> list[int]:
+        """Widths of q, k and v in the fused qkv projection's output (its weight's rows), in that order."""
+        return [self.n_head * self.head_dim] + [self.n_kv_head * self.head_dim] * 2
+
 
 @dataclass
 class AttentionContext:
@@ -270,7 +275,7 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: Tensor, ctx: AttentionContext, cache: KVCache | None = None) -> Tensor:
         batch, t, _ = x.shape
         h, kv, dh = self.shape.n_head, self.shape.n_kv_head, self.shape.head_dim
-        q, k, v = self.qkv(x).split([h * dh, kv * dh, kv * dh], dim=-1)
+        q, k, v = self.qkv(x).split(self.shape.qkv_sizes, dim=-1)
         q = q.view(batch, t, h, dh).transpose(1, 2)
         k = k.view(batch, t, kv, dh).transpose(1, 2)
         v = v.view(batch, t, kv, dh).transpose(1, 2)

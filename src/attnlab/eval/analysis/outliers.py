@@ -230,8 +230,7 @@ def weight_targets(model: GPT, scope: str) -> list[tuple[str, Tensor]]:
     variant's own parameters (gates, temperatures: the reference leaves its gates in full precision).
     ``linear``: every Linear weight but the LM head's, the variant's included (the earlier, narrower scheme).
     """
-    shape = model.blocks[0].attn.shape
-    qkv_rows = [shape.n_head * shape.head_dim] + [shape.n_kv_head * shape.head_dim] * 2
+    qkv_rows = model.blocks[0].attn.shape.qkv_sizes
     targets: list[tuple[str, Tensor]] = []
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear) and name != "lm_head" and (scope == "linear" or ".variant" not in name):
@@ -286,8 +285,7 @@ def install_activation_quantizers(
         module.register_forward_pre_hook(lambda _module, args: (quantize(args[0]), *args[1:]))
 
     def on_qkv(attn: nn.Module) -> None:
-        quantizers, s = [add(kind) for kind in QKV], attn.shape
-        rows = [s.n_head * s.head_dim] + [s.n_kv_head * s.head_dim] * 2
+        quantizers, rows = [add(kind) for kind in QKV], attn.shape.qkv_sizes
 
         def hook(_module: nn.Module, _args: tuple[Any, ...], output: Tensor) -> Tensor:
             return torch.cat([q(part) for q, part in zip(quantizers, output.split(rows, dim=-1), strict=True)], -1)

@@ -64,11 +64,10 @@ def qk_operator_norms(model: nn.Module) -> dict[str, Any]:
     model = unwrap(model)
     heads = []
     for block in model.blocks:
-        n_head, n_kv, dh = block.attn.shape.n_head, block.attn.shape.n_kv_head, block.attn.shape.head_dim
-        weight = block.attn.qkv.weight.detach().double()
-        w_q = weight[: n_head * dh].unflatten(0, (n_head, dh))
-        w_k = weight[n_head * dh : (n_head + n_kv) * dh].unflatten(0, (n_kv, dh))
-        w_k = w_k.repeat_interleave(n_head // n_kv, dim=0)
+        shape = block.attn.shape
+        w_q, w_k, _ = block.attn.qkv.weight.detach().double().split(shape.qkv_sizes)
+        w_q = w_q.unflatten(0, (shape.n_head, shape.head_dim))
+        w_k = w_k.unflatten(0, (shape.n_kv_head, shape.head_dim)).repeat_interleave(shape.n_head // shape.n_kv_head, 0)
         r_q, r_k = torch.linalg.qr(w_q.mT).R, torch.linalg.qr(w_k.mT).R
         heads.append(torch.linalg.matrix_norm(r_q @ r_k.mT, ord=2).cpu())
     norms = torch.stack(heads)
