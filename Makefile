@@ -13,7 +13,7 @@ TABLE = $(PY) experiments/reproduce_table.py scale=$(SCALE) force=$(if $(FORCE),
 
 .DEFAULT_GOAL := help
 .PHONY: help install train test test-slow lint format bench reproduce-table1 reproduce-table2 reproduce-table3 \
-	reproduce-table4 notebooks readme-sample clean clean-data clean-outputs
+	reproduce-table4 reproduce-table5 reproduce-table6 reproduce-table7 reproduce-table8 notebooks readme-sample clean clean-data clean-outputs
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -57,6 +57,18 @@ reproduce-table3: $(STAMP)  ## SSA Table 3 (pretrain + fine-tune, 3 seeds; SCALE
 
 reproduce-table4: $(STAMP)  ## SSA Table 4 (passkey retrieval; SCALE=cpu|paper|smoke) -> experiments/results/table4/
 	$(TABLE) table=table4
+
+reproduce-table5: $(STAMP)  ## SSA Table 5 (temperature on K/Q/V, fine-tune; SCALE=cpu|paper|smoke) -> experiments/results/table5/
+	$(TABLE) table=table5
+
+reproduce-table6: $(STAMP)  ## SSA Table 6 (token vs position temperature on q and v) -> experiments/results/table6/
+	$(TABLE) table=table6
+
+reproduce-table7: $(STAMP)  ## SSA Table 7 (base / weight sharing / feature-based, both stages) -> experiments/results/table7/
+	$(TABLE) table=table7
+
+reproduce-table8: $(STAMP)  ## SSA Table 8 (temperature baselines: constant, YaRN, frequency vs SSA) -> experiments/results/table8/
+	$(TABLE) table=table8
 
 readme-sample: $(STAMP)  ## re-run make train (and eval=analysis on it) and write the README's sample outputs from them
 	$(PY) experiments/readme_sample.py --analysis

@@ -119,4 +119,11 @@ class Gate(AttentionVariant):
 
 
 register_preset("gated_sdpa_headwise", Gate, granularity="headwise")
-register_preset("gated_value", Gate, position="value")
+register_preset("gated_value", Gate, position="value")  # the gating table's G2; G3-G5 and G1's ablations:
+register_preset("gated_key", Gate, position="key")
+register_preset("gated_query", Gate, position="query")
+register_preset("gated_dense", Gate, position="dense")
+register_preset("gated_sdpa_silu", Gate, activation="silu")
+register_preset("gated_sdpa_ns_sigmoid", Gate, activation="ns_sigmoid")
+register_preset("gated_sdpa_additive", Gate, form="additive")
+register_preset("gated_sdpa_shared", Gate, share_across_heads=True)

@@ -165,6 +165,10 @@ register_preset("temp_qv", SelectiveTemperature, components=["q", "v"])
 register_preset("temp_kqv", SelectiveTemperature, components=["q", "k", "v"])
 register_preset("ssa_tok_only", SelectiveTemperature, terms=["token"])  # Table 6, per component by override
 register_preset("ssa_pos_only", SelectiveTemperature, terms=["position"])
+register_preset("temp_q_tok", SelectiveTemperature, components=["q"], terms=["token"])  # Table 6's rows
+register_preset("temp_q_pos", SelectiveTemperature, components=["q"], terms=["position"])
+register_preset("temp_v_tok", SelectiveTemperature, components=["v"], terms=["token"])
+register_preset("temp_v_pos", SelectiveTemperature, components=["v"], terms=["position"])
 register_preset("temp_constant", SelectiveTemperature, components=["q"], terms=["constant"])  # Table 8
 register_preset("temp_yarn", SelectiveTemperature, components=["q"], terms=["yarn"])
 register_preset("temp_frequency", SelectiveTemperature, components=["q"], terms=["token"], parameterisation="feature")
