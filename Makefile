@@ -13,7 +13,8 @@ TABLE = $(PY) experiments/reproduce_table.py scale=$(SCALE) force=$(if $(FORCE),
 
 .DEFAULT_GOAL := help
 .PHONY: help install train test test-slow lint format bench reproduce-table1 reproduce-table2 reproduce-table3 \
-	reproduce-table4 reproduce-table5 reproduce-table6 reproduce-table7 reproduce-table8 notebooks readme-sample clean clean-data clean-outputs
+	reproduce-table4 reproduce-table5 reproduce-table6 reproduce-table7 reproduce-table8 reproduce-outliers \
+	reproduce-gating reproduce-pruning notebooks readme-sample clean clean-data clean-outputs
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -69,6 +70,15 @@ reproduce-table7: $(STAMP)  ## SSA Table 7 (base / weight sharing / feature-base
 
 reproduce-table8: $(STAMP)  ## SSA Table 8 (temperature baselines: constant, YaRN, frequency vs SSA) -> experiments/results/table8/
 	$(TABLE) table=table8
+
+reproduce-outliers: $(STAMP)  ## Bondarenko et al.: outliers and W8A8 (vanilla / clipped softmax / gated) -> experiments/results/outliers/
+	$(TABLE) table=outliers
+
+reproduce-gating: $(STAMP)  ## Qiu et al.: gate positions G1-G5 and forms (perplexity, sinks, gates) -> experiments/results/gating/
+	$(TABLE) table=gating
+
+reproduce-pruning: $(STAMP)  ## Michel et al.: head pruning curves, importance vs random (outliers' cells) -> experiments/results/pruning/
+	$(TABLE) table=pruning
 
 readme-sample: $(STAMP)  ## re-run make train (and eval=analysis on it) and write the README's sample outputs from them
 	$(PY) experiments/readme_sample.py --analysis

@@ -438,7 +438,7 @@ def test_pruning_curves_follow_importance_and_restore_the_mask(tmp_path: Path) -
     original = torch.tensor([[1.0, 0, 1, 1], [1, 1, 1, 1]])
     model.set_head_mask(original)
     fractions = [0.0, 0.25, 0.5]
-    curves = pruning_curves(model, evaluation, fractions, seed=3)
+    curves = pruning_curves(model, evaluation, fractions, seed=3, random_orders=2)
     assert torch.equal(model.head_mask(), original)
     assert no_hooks(model)
     model.set_head_mask(torch.ones(2, 4))
@@ -452,14 +452,19 @@ def test_pruning_curves_follow_importance_and_restore_the_mask(tmp_path: Path) -
     assert half["heads_kept_per_layer"] == kept.view(2, 4).sum(1).int().tolist()
     model.set_head_mask(kept.view(2, 4))
     assert half["loss"] == pytest.approx(mean_loss(model, evaluation), rel=1e-9)
-    assert [(r["order"], r["fraction"], r["heads_pruned"]) for r in curves["rows"]] == [
-        (order, f, round(8 * f)) for order in ("importance", "random") for f in fractions
+    orders = [("importance", 0), ("random", 0), ("random", 1)]
+    assert [(r["order"], r["repeat"], r["fraction"], r["heads_pruned"]) for r in curves["rows"]] == [
+        (order, repeat, f, round(8 * f)) for order, repeat in orders for f in fractions
     ]
+    random_half = [r["perplexity"] for r in curves["rows"] if r["order"] == "random" and r["fraction"] == 0.5]
+    assert curves["pruned50_importance_ppl"] == half["perplexity"]
+    assert curves["pruned50_random_ppl"] == pytest.approx(sum(random_half) / 2)
     write_pruning_csv(curves, tmp_path / "pruning.csv")
     with (tmp_path / "pruning.csv").open() as f:
         table = list(csv.DictReader(f))
-    assert len(table) == 6 and float(table[4]["perplexity"]) == pytest.approx(curves["rows"][4]["perplexity"])
+    assert len(table) == 9 and float(table[7]["perplexity"]) == pytest.approx(curves["rows"][7]["perplexity"])
     assert table[2]["heads_kept_per_layer"] == " ".join(map(str, half["heads_kept_per_layer"]))
+    assert table[7]["repeat"] == "1"
 
 
 def test_pruning_curves_recompute_importance_under_the_current_mask() -> None:
@@ -478,11 +483,13 @@ def test_pruning_curves_recompute_importance_under_the_current_mask() -> None:
 
 def test_random_order_is_seeded() -> None:
     model, evaluation = tiny(), [rows(2, T + 1)]
-    first = pruning_curves(model, evaluation, [0.0, 0.5], seed=0)["rows"]
-    again = pruning_curves(model, evaluation, [0.0, 0.5], seed=0)["rows"]
-    other = [pruning_curves(model, evaluation, [0.0, 0.5], seed=s)["rows"][3] for s in (1, 2, 3)]
+    first = pruning_curves(model, evaluation, [0.0, 0.5], seed=0, random_orders=3)["rows"]
+    again = pruning_curves(model, evaluation, [0.0, 0.5], seed=0, random_orders=3)["rows"]
     assert first == again
+    halves = [r["heads_kept_per_layer"] for r in first if r["order"] == "random" and r["fraction"] == 0.5]
+    other = [pruning_curves(model, evaluation, [0.0, 0.5], seed=s, random_orders=1)["rows"][3] for s in (1, 2, 3)]
     assert any(row["heads_kept_per_layer"] != first[3]["heads_kept_per_layer"] for row in other)
+    assert len(halves) == 3
 
 
 # ---------------------------------------------------------------- run_analysis
@@ -513,7 +520,8 @@ def test_run_analysis_writes_every_applicable_file(attention: str, tokenizer, tm
     assert saved["summary"]["eval_tokens"] == 160 and saved["summary"]["map_tokens"] == 50
     assert ("gates" in saved) == (attention == "gated_sdpa")
     assert ("temperature_mean" in saved["summary"]) == (attention == "ssa")
-    assert [r["fraction"] for r in saved["pruning"]["rows"]] == [0.0, 0.5] * 2
+    assert [r["fraction"] for r in saved["pruning"]["rows"]] == [0.0, 0.5] * (1 + 5)  # importance, 5 random orders
+    assert saved["summary"]["pruned50_random_ppl"] > 1 and saved["summary"]["pruned50_importance_ppl"] > 1
     assert math.isfinite(saved["summary"]["w8a8_perplexity"])
     assert saved["w8a8"]["calibration"] == "calibration_tokens" and saved["w8a8"]["quant_scope"] == "full"
     assert all(not b.attn.record_probabilities and b.attn.probabilities is None for b in module.model.blocks)

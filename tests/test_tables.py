@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
+from attnlab import tables
 from attnlab.errors import ConfigError
 from attnlab.tables import reproduce
 from attnlab.tables.collect import INCONCLUSIVE, OPPOSITE, REPRODUCES, paired_interval, verdict
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_table(name: str) -> dict:
-    return OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "table" / f"{name}.yaml"), resolve=True)
+    return tables.load_table(name, ROOT)
 
 
 def smoke_table() -> dict:

@@ -101,6 +101,10 @@ class TextDataModule(L.LightningDataModule):
         self.prepare()
         return self.tokenizer.get_vocab_size()
 
+    def training_documents(self) -> Dataset | IterableDataset:
+        """The training documents as text rows (W8A8 calibrates on them, as the reference does)."""
+        return self._documents()[0]
+
     def validation_documents(self) -> Dataset | IterableDataset:
         """The held-out documents as text rows, for scoring with lm-eval's rolling perplexity."""
         return self._documents()[1]

@@ -225,6 +225,8 @@ def evaluate_suite(
         analysis_cfg = dict(suite["analysis"])
         if "texts" not in analysis_cfg and "eval_tokens" not in analysis_cfg:
             analysis_cfg["texts"] = heldout_texts(lm.run_data, cache_dir)
+        if "calibration_tokens" not in analysis_cfg and lm.run_data:
+            analysis_cfg["calibration_tokens"] = training_tokens(lm, cache_dir, CALIBRATION_TOKENS)
         record["analysis"] = run_analysis_suite(lm, out_dir / "analysis", analysis_cfg)
     record.update(summary=row, seconds=time.perf_counter() - started)
     from lm_eval.utils import handle_non_serializable
@@ -247,12 +249,33 @@ def evaluate_suite(
     return record
 
 
-def heldout_texts(data: dict[str, Any], cache_dir: str) -> list[str]:
-    """The documents the training run held out of the embedded corpus: the analysis' default evaluation text."""
+CALIBRATION_TOKENS = 65536  # W8A8 calibration text: enough for the reference's 4 batches of 8 x 2048 tokens
+
+
+def run_documents(data: dict[str, Any], cache_dir: str, split: str) -> list[str]:
+    """The training run's documents of the embedded corpus: ``test`` (held out) or ``train``."""
     docs = heldout_dataset(
         data_seed=data.get("seed") or DATA_SEED, val_fraction=data.get("val_fraction") or 0.1, cache_dir=cache_dir
-    )["test"]
+    )[split]
     return list(docs["text"])
+
+
+def heldout_texts(data: dict[str, Any], cache_dir: str) -> list[str]:
+    """The documents the training run held out of the embedded corpus: the analysis' default evaluation text."""
+    return run_documents(data, cache_dir, "test")
+
+
+def training_tokens(lm: AttnlabLM, cache_dir: str, count: int) -> list[int]:
+    """The first ``count`` tokens of the run's training documents (joined by end-of-text): W8A8's calibration
+    text, as the reference calibrates on training batches."""
+    from attnlab.data.tokenizer import eos_token_id
+
+    eos, ids = eos_token_id(lm.tokenizer), []
+    for text in run_documents(lm.run_data, cache_dir, "train"):
+        ids += [*lm.tokenizer.encode(text).ids, eos]
+        if len(ids) >= count:
+            break
+    return ids[:count]
 
 
 def run_analysis_suite(lm: AttnlabLM, out_dir: Path, cfg: dict[str, Any]) -> dict[str, Any]:

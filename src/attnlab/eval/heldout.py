@@ -10,7 +10,8 @@ from attnlab.defaults import CACHE_DIR, DATA_SEED
 
 
 def heldout_dataset(**metadata: Any) -> DatasetDict:
-    """lm-eval ``custom_dataset``: the validation documents of ``TextDataModule(source="wiki_sample")``.
+    """lm-eval ``custom_dataset``: the validation documents of ``TextDataModule(source="wiki_sample")`` as its test
+    split (its train split: the training documents).
 
     ``data_seed`` and ``val_fraction`` must match the training run's data config for the split to be held out;
     attnlab's harness reads them from the checkpoint's run directory.
@@ -24,5 +25,7 @@ def heldout_dataset(**metadata: Any) -> DatasetDict:
         seed=int(metadata.get("data_seed", DATA_SEED)),
         cache_dir=str(metadata.get("cache_dir", CACHE_DIR)),
     )
-    docs = datamodule.validation_documents().select_columns(["text"])
-    return DatasetDict(test=docs)
+    return DatasetDict(
+        train=datamodule.training_documents().select_columns(["text"]),  # W8A8 calibration text
+        test=datamodule.validation_documents().select_columns(["text"]),
+    )

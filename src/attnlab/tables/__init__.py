@@ -7,6 +7,20 @@ from pathlib import Path
 from typing import Any
 
 
+def load_table(name: str, root: Path) -> dict[str, Any]:
+    """``conf/table/<name>.yaml`` as the engine gets it: composed by Hydra (its ``/table_protocol`` defaults merged)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    import attnlab.resolvers  # noqa: F401  (the config's ${project_root:})
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(root / "conf"), version_base="1.3"):
+        cfg = compose(config_name="reproduce_table", overrides=[f"table={name}"])
+    return OmegaConf.to_container(cfg.table, resolve=True)
+
+
 def reproduce(
     table: dict[str, Any],
     scale: str,
@@ -22,6 +36,7 @@ def reproduce(
     cells log there); returns its Markdown."""
     from attnlab.tables.collect import write
     from attnlab.tables.engine import Engine
+    from attnlab.tables.reports import REPORTS
 
     engine = Engine(table, scale, root=root, runs_dir=runs_dir, force=force, args=args, launcher=launcher)
     cells = engine.cells()
@@ -31,6 +46,8 @@ def reproduce(
     wandb_cfg = None  # logger=wandb cells: the finished table joins their runs' group (its run dir: runs_dir/wandb)
     if project is not None:
         wandb_cfg = {"project": project, "group": engine.wandb_group, "tags": engine.wandb_tags(), "dir": str(runs_dir)}
-    markdown = write(engine.evaluate(cells), table, scale, results_dir, wandb_cfg)
+    records = engine.evaluate(cells)
+    sections = [REPORTS[name](engine, cells, results_dir) for name in table.get("reports") or []]
+    markdown = write(records, table, scale, results_dir, wandb_cfg, engine.trajectories(cells), sections)
     print(markdown)
     return markdown

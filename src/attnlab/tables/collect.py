@@ -4,6 +4,7 @@ each variant's paired difference with the baseline (same model, same seed), a 95
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import pandas as pd
 from scipy import stats
 
 REPRODUCES, OPPOSITE, INCONCLUSIVE = "reproduces", "opposite", "inconclusive"
+NO_PAPER_VALUE = "no paper value"  # the paper gives no number for the variant or the baseline: nothing to judge
 
 
 def paired_interval(diffs: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
@@ -32,19 +34,20 @@ def verdict(low: float, high: float, paper_diff: float) -> str:
 
 
 def column_map(table: dict[str, Any], scale: str) -> list[dict[str, Any]]:
-    """The paper's columns with the metric that stands for each at ``scale`` (``ours`` None: not run)."""
+    """The paper's columns with the metric that stands for each at ``scale`` (``ours`` None: not run); at paper scale
+    a column's own ``ours`` (default: its paper name)."""
     standins = {} if scale == "paper" else table.get("standins") or {}
     mapped = []
     for column in table["columns"]:
         standin = standins.get(column["paper"])
-        ours = standin["ours"] if standin else (column["paper"] if scale == "paper" else None)
+        ours = standin["ours"] if standin else (column.get("ours", column["paper"]) if scale == "paper" else None)
         mapped.append({**column, "ours": ours, "standin": standin["standin"] if standin else None})
     return mapped
 
 
 def paper_value(table: dict[str, Any], stage: str, row: str, attention: str, index: int) -> float | None:
     values = (table.get("paper") or {}).get(stage, {}).get(row, {}).get(attention)
-    return float(values[index]) if values else None
+    return float(values[index]) if values and values[index] is not None else None
 
 
 def summarise(records: list[dict[str, Any]], table: dict[str, Any], scale: str) -> pd.DataFrame:
@@ -84,12 +87,12 @@ def effects(records: list[dict[str, Any]], table: dict[str, Any], scale: str) ->
                     continue
                 paper_variant = paper_value(table, stage, row, attention, index)
                 paper_base = paper_value(table, stage, row, baseline, index)
-                paper_diff = paper_variant - paper_base if None not in (paper_variant, paper_base) else 0.0
+                paper_diff = paper_variant - paper_base if None not in (paper_variant, paper_base) else None
                 mean, low, high = paired_interval(diffs)
                 rows.append(
                     {"stage": stage, "row": row, "attention": attention, "column": column["paper"], "metric": ours}
                     | {"seeds": len(diffs), "diff": mean, "ci_low": low, "ci_high": high, "paper_diff": paper_diff}
-                    | {"verdict": verdict(low, high, paper_diff)}
+                    | {"verdict": NO_PAPER_VALUE if paper_diff is None else verdict(low, high, paper_diff)}
                 )
     return pd.DataFrame(rows)
 
@@ -100,15 +103,23 @@ def _cell(mean: Any, std: Any) -> str:
     return f"{mean:.3f}" if std is None or pd.isna(std) else f"{mean:.3f} ± {std:.3f}"
 
 
+def variant_label(table: dict[str, Any], attention: str) -> str:
+    """``temp_q (Q)``: our attention= name with the paper's label for it, when the table gives one."""
+    paper_name = (table.get("paper_variant_names") or {}).get(attention)
+    return f"{attention} ({paper_name})" if paper_name and paper_name != attention else attention
+
+
 def to_markdown(summary: pd.DataFrame, effect: pd.DataFrame, table: dict[str, Any], scale: str) -> str:
     """The table as Markdown: ours beside the paper's per column that ran, the columns' provenance, the verdicts."""
     columns = column_map(table, scale)
     ran = [c for c in columns if c["ours"] is not None]
     lines = [f"# {table['title']} ({scale} scale)", ""]
+    lines += [f"- {note}" for note in table.get("notes") or []] + ([""] if table.get("notes") else [])
     for stage, block in summary.groupby("stage", sort=False):
         wide = []
         for (row, attention), group in block.groupby(["row", "attention"], sort=False):
-            entry = {"stage": stage, "row": row, "model": group["model"].iloc[0], "attention": attention}
+            label = variant_label(table, attention)
+            entry = {"stage": stage, "row": row, "model": group["model"].iloc[0], "attention": label}
             for column in ran:
                 found = group[group["column"] == column["paper"]].iloc[0]
                 entry[f"{column['paper']} (ours)"] = _cell(found["mean"], found["std"])
@@ -135,18 +146,36 @@ def to_markdown(summary: pd.DataFrame, effect: pd.DataFrame, table: dict[str, An
     return "\n".join(lines) + "\n"
 
 
+def curves_markdown(curves: pd.DataFrame, table: dict[str, Any]) -> str:
+    """Each ``curves`` metric while training: mean over seeds per variant at each logged step, one table per metric
+    and stage (the full points are in ``curves.csv``)."""
+    lines = ["## While training (mean over seeds; every point in curves.csv)", ""]
+    for (metric, stage), group in curves.groupby(["metric", "stage"], sort=False):
+        wide = group.pivot_table(index="step", columns="attention", values="value", aggfunc="mean", sort=False)
+        wide.columns = [variant_label(table, a) for a in wide.columns]
+        lines += [f"### {metric} ({stage})", "", wide.reset_index().to_markdown(index=False, floatfmt=".4g"), ""]
+    return "\n".join(lines) + "\n"
+
+
 def write(
     records: list[dict[str, Any]],
     table: dict[str, Any],
     scale: str,
     out_dir: Path,
     wandb_cfg: dict[str, Any] | None = None,
+    curves: pd.DataFrame | None = None,
+    sections: Sequence[str] = (),
 ) -> str:
-    """Write ``<table>.md``, ``<table>.csv`` (tidy), ``effects.csv`` and ``runs.csv`` under ``out_dir``; with
+    """Write ``<table>.md``, ``<table>.csv`` (tidy), ``effects.csv`` and ``runs.csv`` under ``out_dir`` (and
+    ``curves.csv`` when the table has training curves; ``sections``: more Markdown a report wrote); with
     ``wandb_cfg``, also log the table to W&B (``log_wandb``)."""
     summary, effect = summarise(records, table, scale), effects(records, table, scale)
     markdown = to_markdown(summary, effect, table, scale)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if curves is not None and len(curves):
+        markdown += "\n" + curves_markdown(curves, table)
+        curves.to_csv(out_dir / "curves.csv", index=False)
+    markdown += "".join("\n" + section for section in sections)
     (out_dir / f"{table['name']}.md").write_text(markdown)
     summary.to_csv(out_dir / f"{table['name']}.csv", index=False)
     effect.to_csv(out_dir / "effects.csv", index=False)

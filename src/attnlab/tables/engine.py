@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
@@ -74,6 +75,11 @@ class Engine:
         if self.scale not in scales:
             raise ConfigError("scale", f"one of {', '.join(scales)} (got {self.scale})")
         self.settings: dict[str, Any] = scales[self.scale]
+        from attnlab.tables.reports import REPORTS
+
+        for report in self.table.get("reports") or []:
+            if report not in REPORTS:
+                raise ConfigError("table.reports", f"one of {', '.join(REPORTS)} (got {report})")
 
     # ------------------------------------------------------------------------------------------ the grid
     def compose(self, overrides: list[str]) -> DictConfig:
@@ -241,17 +247,43 @@ class Engine:
         suite.update(spec.get("suite_overrides") or {})
         records = []
         for cell in cells:
-            out = cell.directory / "eval" / suite["name"]
+            out = self.eval_dir(cell)
             if not (out / "results.json").is_file():
                 wandb_cfg = self.eval_wandb(cell)
                 evaluate_cell(cell, suite, out, limit=spec.get("limit"), cache_dir=cell.cache_dir, wandb_cfg=wandb_cfg)
-            summary = json.loads((out / "results.json").read_text())["summary"]
+            result = json.loads((out / "results.json").read_text())
+            analysis = (result.get("analysis") or {}).get("summary", {})  # eval suites with an `analysis` section
+            summary = {k: v for k, v in analysis.items() if k not in ("eval_tokens", "map_tokens")} | result["summary"]
             records.append(
                 {"stage": cell.stage, "row": cell.row, "model": cell.model, "attention": cell.attention}
                 | {"seed": cell.seed, "run": str(cell.directory)}
                 | {k: v for k, v in summary.items() if isinstance(v, int | float) and k != "limit"}
             )
         return records
+
+    def eval_dir(self, cell: Cell) -> Path:
+        """Where the cell's evaluation on this scale's suite is cached (its ``results.json`` and analysis files)."""
+        suite = self.settings["eval"]["suite"]
+        return cell.directory / "eval" / suite
+
+    def trajectories(self, cells: list[Cell]) -> pd.DataFrame:
+        """The table's ``curves`` (metrics logged while training, e.g. ``outliers/max_inf_norm``) from each cell's
+        ``csv/metrics.csv``: one row per (cell, step, metric); empty when the table names none."""
+        metrics = self.table.get("curves") or []
+        rows = []
+        for cell in cells:
+            path = cell.directory / "csv" / "metrics.csv"
+            if not metrics or not path.is_file():
+                continue
+            logged = pd.read_csv(path)
+            for metric in (m for m in metrics if m in logged):
+                points = logged[["step", metric]].dropna().drop_duplicates("step", keep="last")
+                for step, value in points.itertuples(index=False):
+                    rows.append(
+                        {"stage": cell.stage, "row": cell.row, "attention": cell.attention, "seed": cell.seed}
+                        | {"step": int(step), "metric": metric, "value": float(value)}
+                    )
+        return pd.DataFrame(rows, columns=["stage", "row", "attention", "seed", "step", "metric", "value"])
 
     def eval_wandb(self, cell: Cell) -> dict[str, Any] | None:
         """A ``logger=wandb`` cell's evaluation as a run (job type eval) in the table's group, named and tagged as

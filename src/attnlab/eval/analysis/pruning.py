@@ -34,13 +34,15 @@ def pruning_curves(
     seed: int = 0,
     recompute_importance: bool = False,
     importance_tokens: Tokens | None = None,
+    random_orders: int = 5,
 ) -> dict[str, Any]:
     """Loss and perplexity on ``tokens`` with a fraction of all heads masked, starting from every head on.
 
     Heads are removed globally, least important first (importance from ``head_importance`` on
     ``importance_tokens``, default ``tokens``; with ``recompute_importance`` recomputed under the current mask
-    after each step), or in one seeded random order. Each step keeps the heads the previous one removed.
-    The model's own head mask is restored afterwards.
+    after each step), or in ``random_orders`` seeded random orders (``repeat`` 0, 1, ...: the band the importance
+    order is judged against). Each step keeps the heads the previous one removed. The model's own head mask is
+    restored afterwards.
     """
     model = unwrap(model)
     device = device_of(model)
@@ -50,11 +52,14 @@ def pruning_curves(
     model.set_head_mask(torch.ones_like(original))
     importance = head_importance(model, scoring)
     generator = torch.Generator().manual_seed(seed)
-    scores = {"importance": importance, "random": torch.rand(original.shape, generator=generator).to(device)}
+    orders = [("importance", 0, importance)] + [
+        ("random", repeat, torch.rand(original.shape, generator=generator).to(device))
+        for repeat in range(random_orders)
+    ]
     rows = []
     try:
-        for order in ORDERS:
-            mask, score = torch.ones_like(original), scores[order]
+        for order, repeat, score in orders:
+            mask = torch.ones_like(original)
             for fraction in fractions:
                 mask = prune_heads_by_importance(score, round(fraction * mask.numel()), mask)
                 model.set_head_mask(mask)
@@ -62,6 +67,7 @@ def pruning_curves(
                 rows.append(
                     {
                         "order": order,
+                        "repeat": repeat,
                         "fraction": fraction,
                         "heads_pruned": int((mask == 0).sum()),
                         "loss": loss,
@@ -73,28 +79,54 @@ def pruning_curves(
                     score = head_importance(model, scoring)
     finally:
         model.set_head_mask(original)
-    return {"importance": importance.tolist(), "recompute_importance": recompute_importance, "seed": seed, "rows": rows}
+    return {
+        "importance": importance.tolist(),
+        "recompute_importance": recompute_importance,
+        "seed": seed,
+        "random_orders": random_orders,
+        "rows": rows,
+        **curve_headline(rows),
+    }
+
+
+HEADLINE_FRACTION = 0.5  # the summary's pruned perplexities: with this fraction of the heads removed
+
+
+def curve_headline(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Perplexity with half the heads removed, importance order and the mean over random orders (the summary)."""
+    at = [r for r in rows if abs(r["fraction"] - HEADLINE_FRACTION) < 1e-9]
+    if not at:
+        return {}
+    random = [r["perplexity"] for r in at if r["order"] == "random"]
+    importance = next(r["perplexity"] for r in at if r["order"] == "importance")
+    return {"pruned50_importance_ppl": importance, "pruned50_random_ppl": sum(random) / len(random) if random else None}
 
 
 def write_pruning_csv(curves: dict[str, Any], path: Path) -> None:
     """One row per (order, fraction); heads kept per layer as a space-separated list."""
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["order", "fraction", "heads_pruned", "loss", "perplexity", "heads_kept_per_layer"])
+        columns = ["order", "repeat", "fraction", "heads_pruned", "loss", "perplexity"]
+        writer.writerow([*columns, "heads_kept_per_layer"])
         for row in curves["rows"]:
-            kept = " ".join(map(str, row["heads_kept_per_layer"]))
-            writer.writerow([row["order"], row["fraction"], row["heads_pruned"], row["loss"], row["perplexity"], kept])
+            writer.writerow([row[c] for c in columns] + [" ".join(map(str, row["heads_kept_per_layer"]))])
 
 
 def plot_pruning(curves: dict[str, Any], path: Path, title: str = "") -> None:
-    """Perplexity against the fraction of heads removed, one line per order; log scale once it spans 10x."""
+    """Perplexity against the fraction of heads removed: the importance order, and the random orders' mean with
+    their min-max band; log scale once it spans 10x."""
+    import pandas as pd
     from matplotlib.figure import Figure
 
+    frame = pd.DataFrame(curves["rows"])
     fig = Figure(figsize=(5, 3.5), layout="constrained")
     ax = fig.add_subplot()
     for order in ORDERS:
-        rows = [r for r in curves["rows"] if r["order"] == order]
-        ax.plot([100 * r["fraction"] for r in rows], [r["perplexity"] for r in rows], marker="o", label=order)
+        by_fraction = frame[frame["order"] == order].groupby("fraction")["perplexity"]
+        x = 100 * by_fraction.mean().index.to_numpy()
+        line = ax.plot(x, by_fraction.mean().to_numpy(), marker="o", label=order)[0]
+        if by_fraction.size().max() > 1:
+            ax.fill_between(x, by_fraction.min(), by_fraction.max(), color=line.get_color(), alpha=0.2)
     values = [r["perplexity"] for r in curves["rows"]]
     ax.set(xlabel="heads removed (%)", ylabel="perplexity", title=title)
     if max(values) > 10 * min(values):
@@ -106,7 +138,7 @@ def plot_pruning(curves: dict[str, Any], path: Path, title: str = "") -> None:
 def _describe(section: dict[str, Any]) -> list[str]:
     lines = []
     for order in ORDERS:
-        curve = [r for r in section["rows"] if r["order"] == order]
+        curve = [r for r in section["rows"] if r["order"] == order and r["repeat"] == 0]
         points = ", ".join(f"{100 * r['fraction']:.0f}%: {r['perplexity']:.4g}" for r in curve)
         lines.append(f"  pruned ({order:<10}) ppl {points}")
     kept = [r for r in section["rows"] if r["order"] == "importance" and r["fraction"] <= 0.5 + 1e-9][-1]
@@ -120,8 +152,10 @@ def _describe(section: dict[str, Any]) -> list[str]:
         "prune_step": 0.1,  # pruning curve: fractions 0, step, ..., prune_max of all heads
         "prune_max": 0.9,
         "recompute_importance": False,
-        "seed": 0,  # random pruning order
+        "seed": 0,  # the random pruning orders
+        "random_orders": 5,  # how many random orders (the band the importance order is judged against)
     },
+    headline={"pruned50_importance_ppl": "pruned50_importance_ppl", "pruned50_random_ppl": "pruned50_random_ppl"},
     describe=_describe,
 )
 def _pruning(inputs: AnalysisInputs) -> dict[str, Any]:
@@ -129,7 +163,14 @@ def _pruning(inputs: AnalysisInputs) -> dict[str, Any]:
     steps = math.floor(options["prune_max"] / options["prune_step"] + 1e-9)
     fractions = [round(i * options["prune_step"], 6) for i in range(steps + 1)]
     model = inputs.model
-    curves = pruning_curves(model, inputs.batches, fractions, options["seed"], options["recompute_importance"])
+    curves = pruning_curves(
+        model,
+        inputs.batches,
+        fractions,
+        options["seed"],
+        options["recompute_importance"],
+        random_orders=options["random_orders"],
+    )
     write_pruning_csv(curves, inputs.out / "pruning.csv")
     plot_pruning(curves, inputs.out / "pruning.png", title=str(model.attention_config.get("name")))
     inputs.files += ["pruning.csv", "pruning.png"]

@@ -1,0 +1,81 @@
+"""Tables 5-8 and the outlier, gating and pruning tables: shared cells across tables, the analysis columns, training
+curves and the pruning report end to end at smoke scale."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from attnlab.errors import ConfigError
+from attnlab.tables import load_table, reproduce
+from attnlab.tables.engine import Engine
+
+ROOT = Path(__file__).resolve().parents[1]
+ABLATIONS = ["table5", "table6", "table7", "table8"]
+FROM_SCRATCH = ["outliers", "gating", "pruning"]
+
+
+def cells(name: str, scale: str = "smoke", runs_dir: Path = Path("/unused")) -> dict:
+    engine = Engine(load_table(name, ROOT), scale, root=ROOT, runs_dir=runs_dir)
+    return {(c.stage, c.attention, c.seed): c.directory.name for c in engine.cells()}
+
+
+def test_ssa_ablation_tables_share_the_start_and_the_vanilla_fine_tune() -> None:
+    """Tables 5-8 fine-tune from one start cell per seed and train each shared variant once; table7's pretrain block
+    is table3's pretraining."""
+    grids = {name: cells(name) for name in ABLATIONS}
+    for key in [("start", "vanilla", 1), ("finetune", "vanilla", 1)]:
+        assert len({grid[key] for grid in grids.values()}) == 1, key
+    assert cells("table3")[("pretrain", "vanilla", 1)] == grids["table7"][("pretrain", "vanilla", 1)]
+    assert grids["table7"][("pretrain", "vanilla", 1)] != grids["table7"][("start", "vanilla", 1)]
+    cpu = load_table("table5", ROOT)["scales"]["cpu"]
+    assert "trainer.max_steps=400" in cpu["stage_overrides"]["start"]
+
+
+def test_from_scratch_tables_share_their_cells() -> None:
+    grids = {name: cells(name) for name in FROM_SCRATCH}
+    assert len({grid[("pretrain", "vanilla", 1)] for grid in grids.values()}) == 1
+    assert set(grids["pruning"].values()) <= set(grids["outliers"].values())
+
+
+@pytest.mark.parametrize("name", ABLATIONS + FROM_SCRATCH)
+def test_paper_scale_composes(name: str) -> None:
+    """Every paper-scale cell composes (fine-tunes from the hub checkpoints, or pretrains GPT-2 on SlimPajama)."""
+    grid = cells(name, "paper")
+    assert grid and all(stage in ("pretrain", "finetune") for stage, _, _ in grid)
+
+
+def test_unknown_report_is_a_config_error() -> None:
+    table = load_table("pruning", ROOT) | {"reports": ["histogram"]}
+    with pytest.raises(ConfigError, match=r"table\.reports: one of pruning"):
+        Engine(table, "smoke", root=ROOT, runs_dir=Path("unused"))
+
+
+def test_pruning_and_outlier_tables_end_to_end(tmp_path: Path, data_cache: Path) -> None:
+    """The pruning table at smoke scale (2 cells, the analysis suite), then the outlier table on the same cells:
+    analysis columns, outlier curves while training, the pruning report, W8A8 calibrated on training text."""
+    settings = {"root": ROOT, "runs_dir": tmp_path / "runs", "args": [f"paths.cache_dir={data_cache}"]}
+    markdown = reproduce(load_table("pruning", ROOT), "smoke", results_dir=tmp_path / "pruning", **settings)
+    results = tmp_path / "pruning"
+    runs = pd.read_csv(results / "runs.csv")
+    assert set(runs["attention"]) == {"vanilla", "gated"}
+    assert {"perplexity", "max_inf_norm", "w8a8_perplexity", "first_token_share", "pruned50_random_ppl"} <= set(runs)
+    assert runs["gate_mean"].notna().tolist() == [False, True]
+    curves = pd.read_csv(results / "curves.csv")
+    assert set(curves["metric"]) == {"outliers/max_inf_norm", "outliers/kurtosis_mean"}
+    assert (curves["value"] > 0).all() and curves.groupby("attention")["step"].nunique().min() >= 2
+    pruning = pd.read_csv(results / "pruning_curves.csv")
+    assert set(pruning["order"]) == {"importance", "random"} and set(pruning["repeat"]) == {0, 1}
+    assert (results / "pruning_curves.png").is_file()
+    assert "## Head pruning" in markdown and "## While training" in markdown and "no paper value" in markdown
+    record = json.loads(next((tmp_path / "runs").glob("tiny-vanilla-*/eval/analysis_cpu/results.json")).read_text())
+    assert record["analysis"]["w8a8"]["calibration"] == "calibration_tokens"
+    before = {p: p.stat().st_mtime for p in (tmp_path / "runs").glob("*/eval/analysis_cpu/results.json")}
+    outliers = reproduce(load_table("outliers", ROOT), "smoke", results_dir=tmp_path / "outliers", **settings)
+    assert {p: p.stat().st_mtime for p in (tmp_path / "runs").glob("*/eval/analysis_cpu/results.json")} == before
+    assert "Gated attention" in outliers and "NOT verified" in outliers
+    effects = pd.read_csv(tmp_path / "outliers" / "effects.csv")
+    assert set(effects["column"]) == {"fp_ppl", "max_inf_norm", "kurtosis_mean", "w8a8_ppl"}
