@@ -79,3 +79,34 @@ def test_pruning_and_outlier_tables_end_to_end(tmp_path: Path, data_cache: Path)
     assert "Gated attention" in outliers and "NOT verified" in outliers
     effects = pd.read_csv(tmp_path / "outliers" / "effects.csv")
     assert set(effects["column"]) == {"fp_ppl", "max_inf_norm", "kurtosis_mean", "w8a8_ppl"}
+
+
+def smoke(name: str, tmp_path: Path, data_cache: Path) -> pd.DataFrame:
+    """``make reproduce-<name> SCALE=smoke`` into ``tmp_path``: its runs.csv."""
+    settings = {"root": ROOT, "runs_dir": tmp_path / "runs", "args": [f"paths.cache_dir={data_cache}"]}
+    markdown = reproduce(load_table(name, ROOT), "smoke", results_dir=tmp_path / name, **settings)
+    assert markdown == (tmp_path / name / f"{name}.md").read_text()
+    return pd.read_csv(tmp_path / name / "runs.csv")
+
+
+def test_table6_smoke_fine_tunes_from_the_start_cell(tmp_path: Path, data_cache: Path) -> None:
+    runs = smoke("table6", tmp_path, data_cache)
+    assert runs[["stage", "attention"]].values.tolist() == [
+        ["start", "vanilla"],
+        ["finetune", "vanilla"],
+        ["finetune", "temp_q_pos"],
+    ]
+    start = runs.loc[runs["stage"] == "start", "run"].item()
+    for overrides in (tmp_path / "runs").glob("*/.hydra/overrides.yaml"):
+        if "finetune" in overrides.read_text() or "model.init_from" in overrides.read_text():
+            assert f"model.init_from={start}/checkpoints/last.ckpt" in overrides.read_text()
+    assert "temp_q_pos (q: pos)" in (tmp_path / "table6" / "table6.md").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["table5", "table7", "table8", "gating"])
+def test_smoke_scale_end_to_end(name: str, tmp_path: Path, data_cache: Path) -> None:
+    runs = smoke(name, tmp_path, data_cache)
+    assert len(runs) >= 2 and runs.filter(like="perplexity").notna().all().all()
+    effects = pd.read_csv(tmp_path / name / "effects.csv")
+    assert len(effects) and set(effects["attention"]) <= set(load_table(name, ROOT)["variants"])

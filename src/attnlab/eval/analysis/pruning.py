@@ -138,7 +138,7 @@ def plot_pruning(curves: dict[str, Any], path: Path, title: str = "") -> None:
 def _describe(section: dict[str, Any]) -> list[str]:
     lines = []
     for order in ORDERS:
-        curve = [r for r in section["rows"] if r["order"] == order and r["repeat"] == 0]
+        curve = [r for r in section["rows"] if r["order"] == order and r.get("repeat", 0) == 0]  # older: no repeat
         points = ", ".join(f"{100 * r['fraction']:.0f}%: {r['perplexity']:.4g}" for r in curve)
         lines.append(f"  pruned ({order:<10}) ppl {points}")
     kept = [r for r in section["rows"] if r["order"] == "importance" and r["fraction"] <= 0.5 + 1e-9][-1]
