@@ -298,14 +298,14 @@ def to_hf_state_dict(model: GPT) -> dict[str, Tensor]:
     targets: dict[str, list[str]] = {}
     for hf_template, ours in WEIGHT_MAPS[family].items():
         targets.setdefault(ours, []).append(hf_template)
-    h, kv, dh = config.n_head, config.n_kv_head, config.head_dim
+    qkv_sizes = model.blocks[0].attn.shape.qkv_sizes  # the fused projection's q, k and v widths
     out = {}
     for key, tensor in model.state_dict().items():
         if NOT_IN_CHECKPOINT.search(key) or (key == "lm_head.weight" and config.tie_embeddings):
             continue
         template, layer = _template(key)
         hf_templates = targets[template]
-        pieces = tensor.split([h * dh, kv * dh, kv * dh]) if len(hf_templates) == 3 else [tensor]
+        pieces = tensor.split(qkv_sizes) if len(hf_templates) == 3 else [tensor]
         for hf_template, piece in zip(hf_templates, pieces, strict=True):
             transform = transforms.get(hf_template)
             out[hf_template.format(layer)] = (transform(piece, config) if transform else piece).detach().clone()

@@ -218,6 +218,7 @@ class Engine:
             f"attention={attentions}",
             f"seed={seeds}",
             RESUME,
+            "print_config=false",  # each cell's config is in its .hydra/config.yaml; the table's log stays readable
             f"experiment_name={self.table['name']}-{self.scale}-{first.stage}",
             *(self.wandb_overrides(first.stage) if first.wandb_project else []),
             f"hydra.sweep.dir={self.runs_dir}",
@@ -256,10 +257,14 @@ class Engine:
             summary = {k: v for k, v in analysis.items() if k not in ("eval_tokens", "map_tokens")} | result["summary"]
             records.append(
                 {"stage": cell.stage, "row": cell.row, "model": cell.model, "attention": cell.attention}
-                | {"seed": cell.seed, "run": str(cell.directory)}
+                | {"seed": cell.seed, "run": self.shown(cell.directory)}
                 | {k: v for k, v in summary.items() if isinstance(v, int | float) and k != "limit"}
             )
         return records
+
+    def shown(self, path: Path) -> str:
+        """``path`` relative to the repository when inside it (runs.csv is committed: no machine's checkout in it)."""
+        return str(path.relative_to(self.root)) if path.is_relative_to(self.root) else str(path)
 
     def eval_dir(self, cell: Cell) -> Path:
         """Where the cell's evaluation on this scale's suite is cached (its ``results.json`` and analysis files)."""
