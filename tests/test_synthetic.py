@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
@@ -28,8 +29,8 @@ from attnlab.synthetic.data import (
     transition_matrix,
 )
 from attnlab.synthetic.model import SyntheticAttentionModel
-from attnlab.synthetic.runs import evaluate_graph, train_seeds
-from attnlab.synthetic.tables import run
+from attnlab.synthetic.runs import Convergence, evaluate_graph, train_seeds
+from attnlab.synthetic.tables import paper_ordering, run, stopping
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 EDGES = [[0, 1], [0, 2], [0, 3], [1, 4], [2, 5], [3, 6]]
@@ -177,7 +178,7 @@ def test_stacked_seeds_equal_independent_runs() -> None:
             1e-2,
             lambda g: graph_batch(p, 16, g),
             F.cross_entropy,
-        )
+        ).models
 
     together, alone = train([0, 1]), train([1])
     assert not torch.equal(together[0].attn.variant.temperature, together[1].attn.variant.temperature)
@@ -217,7 +218,9 @@ def test_table1_quick(tmp_path: Path) -> None:
     assert temperatures.paper.tolist() == [0.002, 0.019, 0.152, 0.751]
     assert frame.ours_mean.notna().all() and frame.ours_std.gt(0).any()
     assert {p.name for p in tmp_path.iterdir()} == {"table1.md", "table1.csv", "figure3.png"}
-    assert "0.358" in (tmp_path / "table1.md").read_text()
+    text = (tmp_path / "table1.md").read_text()
+    assert "0.358" in text and "2 seeds, 30 Adam steps (lr 0.0001, batch 16)" in text
+    assert "Paper's ordering" in text and "until converged" not in text
 
 
 def test_table2_quick(tmp_path: Path) -> None:
@@ -230,3 +233,121 @@ def test_table2_quick(tmp_path: Path) -> None:
     sweep = (tmp_path / "sweep.csv").read_text().splitlines()
     assert sweep[0] == "length,sigma,vanilla,value_selective,naive_average,bayes_optimal" and len(sweep) == 4
     assert {p.name for p in tmp_path.iterdir()} == {"table2.md", "table2.csv", "sweep.csv"}
+
+
+RULE = Convergence(check_every=1, window=3, loss_rtol=1e-3, temperature_rtol=1e-2, temperature_atol=1e-3, max_steps=60)
+
+
+def first_settled(history: torch.Tensor, rule: Convergence = RULE) -> int | None:
+    """The first check at which every seed has settled, feeding the rule the checks one at a time as training does."""
+    return next((k for k in range(len(history)) if rule.settled(history[: k + 1]).all()), None)
+
+
+def flattening(flat_from: int, checks: int = 60) -> torch.Tensor:
+    """A loss falling by 1% per check until ``flat_from``, then constant."""
+    return 2.0 * 0.99 ** torch.arange(checks, dtype=torch.float64).clamp(max=flat_from)
+
+
+def test_convergence_stops_once_every_seed_has_been_flat_for_a_window_and_not_before() -> None:
+    loss = torch.stack([flattening(20), flattening(30)], dim=1).unsqueeze(-1)  # (checks, seeds, 1): seed 1 later
+    assert RULE.settled(loss[:24]).tolist() == [True, False]  # seed 0 flat over checks 20-23
+    assert RULE.settled(loss[:23]).tolist() == [False, False]  # check 20 -> 22 is still only 2 checks of flat
+    assert first_settled(loss) == 33  # the last seed's flat start + the window
+    temperature = torch.full((60, 2, 1), 0.5, dtype=torch.float64)
+    temperature[:, 1, 0] = 0.5 * 0.98 ** torch.arange(60).clamp(max=40)  # seed 1's temperature moves 2% a check
+    assert first_settled(torch.cat([loss, temperature], dim=-1)) == 43  # the temperatures hold the stop back
+    near_floor = temperature.clone()
+    near_floor[:, 0, 0] = 1e-3 + 5e-4 * (torch.arange(60) % 2)  # jitter within temperature_atol at the floor
+    assert first_settled(torch.cat([loss, near_floor], dim=-1)) == 43
+    assert first_settled(torch.cat([loss, 1.05 ** torch.arange(60.0).view(60, 1, 1).expand(60, 2, 1)], -1)) is None
+    with pytest.raises(ConfigError, match="multiple of check_every"):
+        Convergence(check_every=3, window=2, loss_rtol=0, temperature_rtol=0, temperature_atol=0, max_steps=10)
+
+
+def train_until(steps: int | Convergence, values: torch.Tensor | None = None):
+    """Two seeds of the Table 1 model at lr 1e-2; ``values[k]`` is what the monitor reports at check k."""
+    p = transition_matrix(8, EDGES)
+    calls = []
+
+    def monitor(model: SyntheticAttentionModel) -> torch.Tensor:
+        calls.append(model)
+        return values[(len(calls) - 1) // 2]
+
+    build = lambda: SyntheticAttentionModel(8, LOOKUP, 8, vocab_size=8, num_outputs=8)
+    return train_seeds(build, [0, 1], steps, 1e-2, lambda g: graph_batch(p, 16, g), F.cross_entropy, monitor)
+
+
+def test_train_seeds_stops_at_the_first_settled_check_or_at_the_cap_and_says_which() -> None:
+    rule = Convergence(check_every=2, window=2, loss_rtol=1e-3, temperature_rtol=0, temperature_atol=0, max_steps=20)
+    values = torch.cat([torch.tensor([3.0, 2.0]), torch.ones(20)]).view(-1, 1)  # flat from check 2 on
+    converged = train_until(rule, values)
+    assert converged.steps == 8 and converged.converged and converged.settled == [True, True]  # checks 2, 3, 4
+    assert converged.history.shape == (5, 2, 1)  # steps 0, 2, 4, 6, 8
+    fixed = train_until(8)
+    assert fixed.history is None and fixed.converged is None
+    for together, alone in zip(converged.models, fixed.models, strict=True):  # the checks do not perturb training
+        for name, value in together.state_dict().items():
+            torch.testing.assert_close(value, alone.state_dict()[name], atol=0, rtol=0, msg=name)
+    capped = train_until(rule, torch.arange(1.0, 12.0).view(-1, 1))  # never flat
+    assert capped.steps == 20 and capped.converged is False and capped.settled == [False, False]
+    with pytest.raises(ValueError, match="needs a monitor"):
+        train_seeds(lambda: SyntheticAttentionModel(8, LOOKUP, 8, 8, 8), [0], rule, 1e-2, None, F.cross_entropy)
+
+
+def test_fixed_steps_training_is_unchanged() -> None:
+    """The numbers of the fixed-step protocol (table1/default, table1/quick, Table 2) from before convergence-based
+    stopping existed: 30 steps, seeds 0 and 1, lr 1e-2, batch 16."""
+    models = train_until(30).models
+    expected = [[0.86194664, 1.11787510, 0.83051491, 0.89562613], [0.79215485, 0.92832750, 0.86879081, 1.01190138]]
+    for model, temperatures in zip(models, expected, strict=True):
+        torch.testing.assert_close(model.attn.variant.temperature[0], torch.tensor(temperatures), atol=1e-6, rtol=0)
+
+
+def test_paper_ordering_is_computed_from_the_temperatures() -> None:
+    paper = paper_ordering({count: [t] for count, t in paper_numbers.TABLE1["temperature"].items()}, 0.05)
+    assert paper.appears and paper.monotone and paper.near_zero and paper.ratio == pytest.approx(0.002 / 0.751)
+    assert "**appears**" in paper.describe() and "0.002 < 0.019 < 0.152 < 0.751" in paper.describe()
+    ours = paper_ordering({1: [0.5, 0.52], 2: [0.45, 0.43], 3: [0.7, 0.74], 4: [1.0, 1.1]}, 0.05)  # 20k steps
+    assert not ours.monotone and not ours.near_zero and ours.monotone_seeds == 0
+    assert "**does not appear**" in ours.describe() and "not near zero" in ours.describe()
+    monotone = paper_ordering({1: [0.3, 0.2], 2: [0.4, 0.2], 3: [0.5, 0.6], 4: [1.0, 1.0]}, 0.05)
+    assert monotone.monotone and monotone.monotone_seeds == 1 and not monotone.appears  # T(1) / T(4) = 0.25
+    sharp = paper_ordering({1: [0.001, 0.003], 2: [0.4, 0.1], 3: [0.5, 0.6], 4: [1.0, 1.0]}, 0.05)
+    assert sharp.appears and "<= 0.05: near zero" in sharp.describe()
+
+
+def test_converged_configs_and_stopping() -> None:
+    for name, lr in (("table1/converged", 1e-4), ("table1/converged_lr1e-3", 1e-3)):
+        cfg = compose_synthetic(name, Path("unused"))
+        assert cfg.optim.lr == lr and isinstance(stopping(cfg.optim), Convergence), name
+    assert stopping(compose_synthetic("table1/default", Path("unused")).optim) == 20000
+    cfg = compose_synthetic("table2/quick", Path("unused"))
+    with open_dict(cfg):
+        cfg.optim.until = "forever"
+    with pytest.raises(ConfigError, match="allowed: steps, converged"):
+        stopping(cfg.optim)
+    cfg.optim.until = "converged"
+    with pytest.raises(ConfigError, match="Table 2 trains a fixed number of steps"):
+        run(cfg, paper_numbers.TABLE2)
+
+
+def test_table1_until_converged_reports_the_cap_and_the_trajectory(tmp_path: Path) -> None:
+    cfg = compose_synthetic("table1/converged", tmp_path)
+    cfg.seeds, cfg.optim.batch_size = [0, 1], 16
+    cfg.optim.convergence.check_every, cfg.optim.convergence.max_steps = 10, 20
+    frame = run(cfg, paper_numbers.TABLE1)
+    text = (tmp_path / "table1.md").read_text()
+    assert "Adam (lr 0.0001, batch 16) until converged" in text and "checked every 10 steps" in text
+    assert "vanilla **stopped by the cap at step 20, not converged** (0 of 2 seeds converged)" in text
+    assert "ssa **stopped by the cap at step 20, not converged**" in text
+    trajectory = pd.read_csv(tmp_path / "trajectory.csv")
+    assert list(trajectory.columns) == [
+        "model", "seed", "step", "cross_entropy", "kl", "T_1_option", "T_2_options", "T_3_options", "T_4_options"
+    ]  # fmt: skip
+    assert len(trajectory) == 2 * 2 * 3 and trajectory.step.unique().tolist() == [0, 10, 20]
+    assert trajectory[trajectory.model == "vanilla"].T_1_option.isna().all()
+    last = trajectory[(trajectory.model == "ssa") & (trajectory.step == 20)]
+    shown = frame[frame.quantity.str.startswith("temperature T, 1 ")].ours_mean.item()
+    assert last.T_1_option.mean() == pytest.approx(shown) and last.T_1_option.ne(1).all()
+    assert (trajectory.cross_entropy - trajectory.kl).round(6).nunique() == 1  # CE - H(P*) with one H
+    assert {p.name for p in tmp_path.iterdir()} >= {"trajectory.csv", "trajectory.png", "table1.md"}

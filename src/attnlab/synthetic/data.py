@@ -23,6 +23,11 @@ def option_counts(transition: Tensor) -> Tensor:
     return (transition > 0).sum(dim=1)
 
 
+def entropy(transition: Tensor) -> Tensor:
+    """H(P*) averaged over the (uniform) queries: the cross-entropy no model can go below."""
+    return -(transition * transition.clamp_min(1e-30).log()).sum(dim=1).mean()
+
+
 def graph_batch(transition: Tensor, batch: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
     """Sequences that hold every token once in random order (L = N); label Y ~ P*[last token]."""
     tokens = torch.rand(batch, transition.shape[0], generator=generator).argsort(dim=1)

@@ -1,4 +1,5 @@
-"""Training loops of the two synthetic tables: Adam at the paper's lr 1e-4, fresh samples every step.
+"""Training loops of the two synthetic tables: Adam at the paper's lr 1e-4, fresh samples every step, for a fixed
+number of steps or until the monitored values stop moving (``Convergence``).
 
 All seeds of one configuration train together: their parameters are stacked and the model runs under
 ``torch.func.vmap``. Adam is elementwise and the summed loss gives each seed its own gradient, so this is
@@ -19,9 +20,11 @@ from torch import Tensor
 from torch.func import functional_call, stack_module_state, vmap
 
 from attnlab.attention.variants.temp_lookup import TemperatureLookup
+from attnlab.errors import require
 from attnlab.synthetic.data import (
     bayes_optimal,
     denoising_batch,
+    entropy,
     graph_batch,
     naive_average,
     normalised_mse,
@@ -33,15 +36,79 @@ from attnlab.synthetic.model import SyntheticAttentionModel
 Batch = Callable[[torch.Generator], tuple[Tensor, Tensor]]
 
 
+@dataclass(frozen=True)
+class Convergence:
+    """Train until the monitored values stop moving instead of for a fixed budget, so a table reports where the
+    optimisation ends rather than wherever the budget cut it. A check every ``check_every`` steps records, per
+    seed, the loss (column 0) and the temperatures (the other columns). A seed has settled at a check when, over
+    the last ``window`` checks, every value stayed within tolerance of its value at the check before them:
+    |L - L0| <= loss_rtol * |L0| and |T - T0| <= temperature_atol + temperature_rtol * |T0|. Training stops at
+    the first check where every seed has settled, or at ``max_steps``."""
+
+    check_every: int  # steps between checks
+    window: int  # checks over which the values must stay within tolerance
+    loss_rtol: float  # relative tolerance on the loss
+    temperature_rtol: float  # relative tolerance on each temperature
+    temperature_atol: float  # absolute tolerance on each temperature (matters near the floor 1e-3)
+    max_steps: int  # the cap: stop here even if some seed has not settled
+
+    def __post_init__(self) -> None:
+        require(self.check_every >= 1, "optim.convergence.check_every", f"must be >= 1, got {self.check_every}")
+        require(self.window >= 1, "optim.convergence.window", f"must be >= 1, got {self.window}")
+        require(
+            self.max_steps % self.check_every == 0,
+            "optim.convergence.max_steps",
+            f"must be a multiple of check_every={self.check_every}, got {self.max_steps}",
+        )
+
+    def settled(self, history: Tensor) -> Tensor:
+        """Per seed, whether the criterion holds at the last check; ``history`` is (checks, seeds, values)."""
+        if history.shape[0] <= self.window:
+            return torch.zeros(history.shape[1], dtype=torch.bool)
+        start, recent = history[-self.window - 1], history[-self.window :]
+        rtol = torch.full(history.shape[-1:], self.temperature_rtol, dtype=history.dtype)
+        atol = torch.full(history.shape[-1:], self.temperature_atol, dtype=history.dtype)
+        rtol[0], atol[0] = self.loss_rtol, 0.0
+        return ((recent - start).abs() <= atol + rtol * start.abs()).all(dim=0).all(dim=-1)
+
+    def describe(self) -> str:
+        """The criterion in words, for the tables' headers."""
+        span = self.window * self.check_every
+        return (
+            f"checked every {self.check_every} steps; a seed has converged when, at each of the last {self.window} "
+            f"checks ({span} steps), its loss L was within {self.loss_rtol:g}·L0 of L0 and each temperature T within "
+            f"{self.temperature_atol:g} + {self.temperature_rtol:g}·T0 of T0 (L0, T0: the values {span} steps "
+            f"earlier); training stops at the first check where every seed has converged, or at {self.max_steps} steps"
+        )
+
+
+@dataclass
+class Training:
+    """Models trained together, and how the training ended."""
+
+    models: list[SyntheticAttentionModel]
+    steps: int  # optimizer steps taken
+    history: Tensor | None  # (checks, seeds, values) at steps 0, check_every, ...; None for a fixed step count
+    settled: list[bool] | None  # per seed, whether it had converged when training stopped; None: fixed steps
+
+    @property
+    def converged(self) -> bool | None:
+        """Every seed converged (False: the cap stopped training); None for a fixed step count."""
+        return None if self.settled is None else all(self.settled)
+
+
 def train_seeds(
     build: Callable[[], SyntheticAttentionModel],
     seeds: Sequence[int],
-    steps: int,
+    steps: int | Convergence,
     lr: float,
     batch: Batch,
     loss: Callable[[Tensor, Tensor], Tensor],
-) -> list[SyntheticAttentionModel]:
-    """One model per seed (init from ``torch.manual_seed(seed)``, data from its own generator), trained jointly."""
+    monitor: Callable[[SyntheticAttentionModel], Tensor] | None = None,
+) -> Training:
+    """One model per seed (init from ``torch.manual_seed(seed)``, data from its own generator), trained jointly,
+    for ``steps`` steps or until ``steps`` (a ``Convergence``) says every seed's ``monitor`` values have settled.
+    The checks read the models without touching any generator, so the first n steps are the same in both modes."""
     models = []
     for seed in seeds:
         torch.manual_seed(seed)
@@ -52,17 +119,32 @@ def train_seeds(
     per_seed_loss = vmap(loss)
     generators = [torch.Generator().manual_seed(seed) for seed in seeds]
     optimizer = torch.optim.Adam(list(params.values()), lr=lr)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*batching rule.*")  # SDPA under vmap: a loop, still exact
-        for _ in range(steps):
-            inputs, targets = zip(*(batch(generator) for generator in generators), strict=True)
-            total = per_seed_loss(forward(params, buffers, torch.stack(inputs)), torch.stack(targets)).sum()
-            optimizer.zero_grad(set_to_none=True)
-            total.backward()
-            optimizer.step()
-    for i, model in enumerate(models):
-        model.load_state_dict({name: value[i].detach() for name, value in params.items()}, strict=False)
-    return models
+
+    def fit(count: int) -> None:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*batching rule.*")  # SDPA under vmap: a loop, still exact
+            for _ in range(count):
+                inputs, targets = zip(*(batch(generator) for generator in generators), strict=True)
+                total = per_seed_loss(forward(params, buffers, torch.stack(inputs)), torch.stack(targets)).sum()
+                optimizer.zero_grad(set_to_none=True)
+                total.backward()
+                optimizer.step()
+        for i, model in enumerate(models):
+            model.load_state_dict({name: value[i].detach() for name, value in params.items()}, strict=False)
+
+    if isinstance(steps, int):
+        fit(steps)
+        return Training(models, steps, history=None, settled=None)
+    if monitor is None:
+        raise ValueError("train_seeds: training until convergence needs a monitor")
+    checks = [torch.stack([monitor(model) for model in models])]
+    taken, settled = 0, torch.zeros(len(models), dtype=torch.bool)
+    while taken < steps.max_steps and not settled.all():
+        fit(steps.check_every)
+        taken += steps.check_every
+        checks.append(torch.stack([monitor(model) for model in models]))
+        settled = steps.settled(torch.stack(checks))
+    return Training(models, taken, history=torch.stack(checks), settled=settled.tolist())
 
 
 @dataclass
@@ -83,23 +165,30 @@ def train_graph(
     edges: list[list[int]],
     attention: dict[str, Any],
     dim: int,
-    steps: int,
+    steps: int | Convergence,
     batch_size: int,
     lr: float,
     seeds: Sequence[int],
     bias: bool = False,
-) -> list[GraphRun]:
-    """Fit the 1-layer model to next-token prediction on the graph with cross-entropy (the paper's section 4.1)."""
+) -> tuple[list[GraphRun], Training]:
+    """Fit the 1-layer model to next-token prediction on the graph with cross-entropy (the paper's section 4.1).
+    Until convergence, the checks watch the exact cross-entropy and the learned temperatures (``graph_values``)."""
     transition = transition_matrix(nodes, edges)
-    models = train_seeds(
+    training = train_seeds(
         lambda: SyntheticAttentionModel(dim, attention, nodes, vocab_size=nodes, num_outputs=nodes, bias=bias),
         seeds,
         steps,
         lr,
         lambda generator: graph_batch(transition, batch_size, generator),
         F.cross_entropy,
+        monitor=lambda model: graph_values(evaluate_graph(model, transition)),
     )
-    return [evaluate_graph(model, transition) for model in models]
+    return [evaluate_graph(model, transition) for model in training.models], training
+
+
+def graph_values(run: GraphRun) -> Tensor:
+    """A check's values: the exact cross-entropy, then the temperature of each group (none for vanilla)."""
+    return torch.tensor([run.cross_entropy, *(run.temperatures or [])], dtype=torch.float64)
 
 
 @torch.no_grad()
@@ -108,7 +197,6 @@ def evaluate_graph(model: SyntheticAttentionModel, transition: Tensor) -> GraphR
     sequences = query_sequences(nodes)
     log_probs = torch.log_softmax(model(sequences), dim=-1)
     cross_entropy = -(transition * log_probs).sum(dim=1).mean()
-    entropy = -(transition * transition.clamp_min(1e-30).log()).sum(dim=1).mean()
     attention_map = torch.zeros(nodes, nodes).scatter_(1, sequences, model.last_attention(sequences))
     variant = model.attn.variant
     temperatures = None
@@ -116,7 +204,7 @@ def evaluate_graph(model: SyntheticAttentionModel, transition: Tensor) -> GraphR
         temperatures = variant.temperature[0].clamp_min(variant.options.min_temperature).tolist()
     return GraphRun(
         cross_entropy=cross_entropy.item(),
-        kl=(cross_entropy - entropy).item(),
+        kl=(cross_entropy - entropy(transition)).item(),
         err_map=(attention_map - transition).abs().sum().item(),
         err_transition=(log_probs.exp() - transition).abs().sum().item(),
         attention_map=attention_map,
@@ -165,7 +253,7 @@ def train_denoising(
         lr,
         lambda generator: task.sample(batch_size, generator),
         normalised_mse,
-    )
+    ).models
     x, y = task.sample(eval_samples, torch.Generator().manual_seed(eval_seed))
     with torch.no_grad():
         return [normalised_mse(y, model(x)).item() for model in models]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,17 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from attnlab.synthetic.data import option_counts, transition_matrix
-from attnlab.synthetic.runs import DenoisingTask, GraphRun, baseline_mse, train_denoising, train_graph
+from attnlab.errors import require, require_choice
+from attnlab.synthetic.data import entropy, option_counts, transition_matrix
+from attnlab.synthetic.runs import (
+    Convergence,
+    DenoisingTask,
+    GraphRun,
+    Training,
+    baseline_mse,
+    train_denoising,
+    train_graph,
+)
 
 COLUMNS = ["quantity", "model", "ours_mean", "ours_std", "paper", "ours_minus_paper"]
 
@@ -46,17 +56,88 @@ def markdown(frame: pd.DataFrame) -> str:
     return shown.to_markdown(index=False, disable_numparse=True)
 
 
+def stopping(optim: DictConfig) -> int | Convergence:
+    """``optim.until``: ``steps`` trains exactly ``optim.steps``; ``converged`` follows ``optim.convergence``."""
+    require_choice(optim.until, ("steps", "converged"), "optim.until")
+    return optim.steps if optim.until == "steps" else Convergence(**optim.convergence)
+
+
+@dataclass(frozen=True)
+class Ordering:
+    """The paper's pattern in Table 1: temperature increasing with the number of options, and near zero for one
+    option. T is only defined up to the scale of W_q (q / T is what matters), so "near zero" is read relative to
+    the most-options group: T(1 option) / T(4 options), 0.0027 in the paper."""
+
+    options: list[int]  # numbers of options, increasing
+    means: list[float]  # mean temperature over seeds, per number of options
+    monotone_seeds: int  # seeds whose own temperatures strictly increase with the number of options
+    seeds: int
+    threshold: float  # T(fewest) / T(most options) counts as near zero at or below this
+
+    @property
+    def monotone(self) -> bool:
+        """The seed means strictly increase with the number of options."""
+        return all(a < b for a, b in itertools.pairwise(self.means))
+
+    @property
+    def ratio(self) -> float:
+        return self.means[0] / self.means[-1]
+
+    @property
+    def near_zero(self) -> bool:
+        return self.ratio <= self.threshold
+
+    @property
+    def appears(self) -> bool:
+        return self.monotone and self.near_zero
+
+    def describe(self) -> str:
+        """One Markdown line: the verdict and the numbers behind it."""
+        chain = (" < " if self.monotone else ", ").join(f"{m:.3g}" for m in self.means)
+        few, most = self.options[0], self.options[-1]
+        return (
+            f"Paper's ordering (T increasing with the number of options, T({few} option) near zero): "
+            f"**{'appears' if self.appears else 'does not appear'}**. Monotone in the seed means: "
+            f"{'yes' if self.monotone else 'no'} ({chain} for {', '.join(map(str, self.options))} options; "
+            f"{self.monotone_seeds} of {self.seeds} seeds monotone); T({few}) / T({most}) = {self.ratio:.3g}, "
+            f"{'<= ' if self.near_zero else '> '}{self.threshold:g}: {'' if self.near_zero else 'not '}near zero."
+        )
+
+
+def paper_ordering(temperatures: dict[int, list[float]], threshold: float) -> Ordering:
+    """``temperatures``: number of options -> the learned temperature of each seed."""
+    options = sorted(temperatures)
+    by_options = torch.tensor([temperatures[count] for count in options], dtype=torch.float64)  # (groups, seeds)
+    return Ordering(
+        options=options,
+        means=by_options.mean(dim=1).tolist(),
+        monotone_seeds=int(by_options.diff(dim=0).gt(0).all(dim=0).sum()),
+        seeds=by_options.shape[1],
+        threshold=threshold,
+    )
+
+
+def stopped(label: str, training: Training) -> str:
+    """Where one model's joint training stopped, saying so plainly when the cap stopped it."""
+    seeds = f"{sum(training.settled)} of {len(training.settled)} seeds converged"
+    if training.converged:
+        return f"{label} converged at step {training.steps} ({seeds})"
+    return f"{label} **stopped by the cap at step {training.steps}, not converged** ({seeds})"
+
+
 def run_table1(cfg: DictConfig, paper: dict[str, Any]) -> pd.DataFrame:
     """Train every model of ``cfg.models`` on the graph task; CE, KL, err_map and the learned temperatures."""
     transition = transition_matrix(cfg.graph.nodes, cfg.graph.edges)
+    steps = stopping(cfg.optim)
     runs: dict[str, list[GraphRun]] = {}
+    trainings: dict[str, Training] = {}
     for label, attention in cfg.models.items():
-        runs[label] = train_graph(
+        runs[label], trainings[label] = train_graph(
             cfg.graph.nodes,
             OmegaConf.to_container(cfg.graph.edges),
             OmegaConf.to_container(attention),
             cfg.model.dim,
-            cfg.optim.steps,
+            steps,
             cfg.optim.batch_size,
             cfg.optim.lr,
             list(cfg.seeds),
@@ -76,15 +157,16 @@ def run_table1(cfg: DictConfig, paper: dict[str, Any]) -> pd.DataFrame:
     options = option_counts(transition).tolist()
     group_options = {g: options[t] for t, g in enumerate(cfg.models.ssa.token_groups)} if "ssa" in runs else {}
     largest = max(group_options.values(), default=0)
+    temperatures = {}
     for group, count in sorted(group_options.items(), key=lambda item: item[1]):
         nodes = ",".join(str(t) for t, g in enumerate(cfg.models.ssa.token_groups) if g == group)
-        temperatures = [r.temperatures[group] for r in runs["ssa"]]
+        temperatures[count] = [r.temperatures[group] for r in runs["ssa"]]
         reference = [r.temperatures[g] for r in runs["ssa"] for g, c in group_options.items() if c == largest]
         rows.append(
             row(
                 f"temperature T, {count} option(s) (nodes {nodes})",
                 "ssa",
-                temperatures,
+                temperatures[count],
                 paper["temperature"].get(count),
             )
         )
@@ -92,7 +174,7 @@ def run_table1(cfg: DictConfig, paper: dict[str, Any]) -> pd.DataFrame:
             row(
                 f"T / T({largest} options), {count} option(s)",
                 "ssa",
-                [t / r for t, r in zip(temperatures, reference, strict=True)],
+                [t / r for t, r in zip(temperatures[count], reference, strict=True)],
                 paper["temperature"][count] / paper["temperature"][largest],
             )
         )
@@ -105,14 +187,63 @@ def run_table1(cfg: DictConfig, paper: dict[str, Any]) -> pd.DataFrame:
         for label, model_runs in runs.items():
             maps[f"{label}: {kind}"] = torch.stack([getattr(r, attribute) for r in model_runs]).mean(0)
     figure3(transition, maps, results / "figure3.png")
+    notes = ""
+    if isinstance(steps, int):
+        trained = f"{steps} Adam steps (lr {cfg.optim.lr}, batch {cfg.optim.batch_size})"
+    else:
+        trained = f"Adam (lr {cfg.optim.lr}, batch {cfg.optim.batch_size}) until converged"
+        trajectory = trajectories(trainings, steps.check_every, entropy(transition).item(), group_options)
+        trajectory.to_csv(results / "trajectory.csv", index=False)
+        plot_trajectories(trajectory, results / "trajectory.png")
+        notes = (
+            f"Convergence (L: the exact cross-entropy over the {cfg.graph.nodes} queries, not the batch loss): "
+            f"{steps.describe()}.\n\nStopped: "
+            + "; ".join(stopped(label, t) for label, t in trainings.items())
+            + ". The checks' values are in `trajectory.csv` (plotted in `trajectory.png`).\n\n"
+        )
+    if temperatures:
+        notes += paper_ordering(temperatures, cfg.ordering.near_zero).describe() + "\n\n"
     header = (
-        f"# SSA Table 1 / Figure 3 (ours vs paper)\n\n{len(cfg.seeds)} seeds, {cfg.optim.steps} Adam steps "
-        f"(lr {cfg.optim.lr}, batch {cfg.optim.batch_size}), d = {cfg.model.dim}. Evaluated exactly over the "
-        f"{cfg.graph.nodes} queries. Figure: `figure3.png` (P^ as attention map and as predicted transition g(X), "
-        "averaged over seeds).\n\n"
+        f"# SSA Table 1 / Figure 3 (ours vs paper)\n\n{len(cfg.seeds)} seeds, {trained}, d = {cfg.model.dim}. "
+        f"Evaluated exactly over the {cfg.graph.nodes} queries. Figure: `figure3.png` (P^ as attention map and as "
+        "predicted transition g(X), averaged over seeds).\n\n"
     )
-    (results / "table1.md").write_text(header + markdown(frame) + "\n")
+    (results / "table1.md").write_text(header + notes + markdown(frame) + "\n")
     return frame
+
+
+def trajectories(
+    trainings: dict[str, Training], check_every: int, floor: float, group_options: dict[int, int]
+) -> pd.DataFrame:
+    """One row per model, seed and check: the values the convergence rule watched, and the excess loss CE - H(P*)
+    (``floor``) that shows how far the loss still is from its minimum."""
+    names = {g: f"T_{count}_option{'s' if count > 1 else ''}" for g, count in group_options.items()}
+    rows = []
+    for label, training in trainings.items():
+        for check, values in enumerate(training.history.tolist()):
+            for seed, (loss, *temperatures) in enumerate(values):
+                head = {"model": label, "seed": seed, "step": check * check_every, "cross_entropy": loss}
+                rows.append(head | {"kl": loss - floor} | {names[g]: t for g, t in enumerate(temperatures)})
+    by_options = [names[g] for g in sorted(names, key=group_options.get)]
+    return pd.DataFrame(rows, columns=["model", "seed", "step", "cross_entropy", "kl", *by_options])
+
+
+def plot_trajectories(trajectory: pd.DataFrame, path: Path) -> None:
+    """Excess loss per model and each temperature against steps, seed means (log scale): flat ends = converged."""
+    means = trajectory.drop(columns="seed").groupby(["model", "step"]).mean().reset_index()
+    temperature_columns = [c for c in trajectory.columns if c.startswith("T_")]
+    figure, (loss_axis, temperature_axis) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for label, curve in means.groupby("model"):
+        loss_axis.plot(curve.step, curve.kl, label=label)
+    for column in temperature_columns:
+        curve = means.dropna(subset=[column])
+        temperature_axis.plot(curve.step, curve[column], label=column.removeprefix("T_").replace("_", " "))
+    loss_axis.set(xlabel="step", ylabel="CE - H(P*) (mean over seeds)", yscale="log")
+    temperature_axis.set(xlabel="step", ylabel="learned temperature T (mean over seeds)", yscale="log")
+    for axis in (loss_axis, temperature_axis):
+        axis.legend()
+    figure.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(figure)
 
 
 def figure3(transition: torch.Tensor, maps: dict[str, torch.Tensor], path: Path) -> None:
@@ -148,6 +279,7 @@ def table2_point(cfg: DictConfig, task: DenoisingTask, seeds: list[int]) -> dict
 
 def run_table2(cfg: DictConfig, paper: dict[str, float]) -> pd.DataFrame:
     """Table 2 at (cfg.task.length, cfg.task.sigma), then the sweep over L and sigma."""
+    require(cfg.optim.until == "steps", "optim.until", "Table 2 trains a fixed number of steps: until=steps")
     task = DenoisingTask(cfg.task.length, cfg.task.sigma, cfg.task.alpha, cfg.task.dim)
     values = table2_point(cfg, task, list(cfg.seeds))
     frame = pd.DataFrame(
