@@ -89,12 +89,20 @@ def effects(records: list[dict[str, Any]], table: dict[str, Any], scale: str) ->
                 paper_base = paper_value(table, stage, row, baseline, index)
                 paper_diff = paper_variant - paper_base if None not in (paper_variant, paper_base) else None
                 mean, low, high = paired_interval(diffs)
+                base = by_seed[baseline].mean()
                 rows.append(
                     {"stage": stage, "row": row, "attention": attention, "column": column["paper"], "metric": ours}
                     | {"seeds": len(diffs), "diff": mean, "ci_low": low, "ci_high": high, "paper_diff": paper_diff}
+                    | {"diff_pct": 100 * mean / base if base else None}
+                    | {"paper_pct": 100 * paper_diff / paper_base if paper_diff is not None and paper_base else None}
                     | {"verdict": NO_PAPER_VALUE if paper_diff is None else verdict(low, high, paper_diff)}
                 )
     return pd.DataFrame(rows)
+
+
+def percent(value: Any) -> str:
+    """A relative difference (% of the baseline) for the effects table; ``-`` where there is none."""
+    return "-" if value is None or pd.isna(value) else f"{value:+.2f}%"
 
 
 def _cell(mean: Any, std: Any) -> str:
@@ -136,10 +144,16 @@ def to_markdown(summary: pd.DataFrame, effect: pd.DataFrame, table: dict[str, An
         else:
             lines.append(f"- {column['paper']}: `{column['ours']}`")
     lines += ["", f"## Each variant against {table['baseline']} (paired by seed, 95% t-interval)", ""]
+    lines += ["diff % and paper %: the difference as a share of the baseline's value (ours: its mean over seeds).", ""]
     if len(effect):
         shown = effect.assign(
-            interval=[f"[{lo:+.3f}, {hi:+.3f}]" for lo, hi in zip(effect["ci_low"], effect["ci_high"], strict=True)]
-        )[["stage", "row", "attention", "column", "seeds", "diff", "interval", "paper_diff", "verdict"]]
+            interval=[f"[{lo:+.3f}, {hi:+.3f}]" for lo, hi in zip(effect["ci_low"], effect["ci_high"], strict=True)],
+            ours_pct=[percent(v) for v in effect["diff_pct"]],
+            paper_pct=[percent(v) for v in effect["paper_pct"]],
+        )[["stage", "row", "attention", "column", "seeds", "diff", "interval", "ours_pct", "paper_diff", "paper_pct"]]
+        shown = shown.rename(columns={"ours_pct": "diff %", "paper_pct": "paper %"}).assign(
+            attention=[variant_label(table, a) for a in effect["attention"]], verdict=effect["verdict"]
+        )
         lines.append(shown.to_markdown(index=False, floatfmt="+.3f"))
         counts = effect["verdict"].value_counts().to_dict()
         lines += ["", "Verdicts: " + ", ".join(f"{k} {v}" for k, v in counts.items())]
