@@ -19,8 +19,9 @@ import torch
 from datasets import Dataset, DatasetDict, Features, IterableDataset, Sequence, Value, load_dataset, load_from_disk
 from datasets.distributed import split_dataset_by_node
 from filelock import FileLock
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from tokenizers import Tokenizer
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from attnlab.data.corpus import CORPUS_VERSION, wiki_sample_documents
@@ -132,14 +133,27 @@ class TextDataModule(L.LightningDataModule):
             self.train_dataset = split_dataset_by_node(self.train_dataset, rank=rank, world_size=world)
 
     def train_dataloader(self) -> StatefulDataLoader:
-        """Stateful: Lightning saves its position (sampler, generator, workers) in each checkpoint and restores it."""
+        """Stateful: Lightning saves its position (sampler, generator, workers) in each checkpoint and restores it.
+
+        ``batch_size`` is per process. Under DDP, process r of N takes positions r, r + N, ... of the permutation a
+        single process draws for its first epoch (cut to a multiple of N, where Lightning's own sampler would pad it
+        with repeated blocks): step k of N processes with batch b covers positions [kNb, (k + 1)Nb), one process's
+        step k with batch N x b (or b with N accumulated batches), for as many steps. Later epochs reshuffle with
+        ``shuffle_seed + epoch`` (torch's DistributedSampler), while one process goes on drawing from its generator."""
         if self.streaming:
             return StatefulDataLoader(self.train_dataset, batch_size=self.batch_size, num_workers=self.num_workers)
         generator = torch.Generator().manual_seed(self.shuffle_seed)
+        sampler = None
+        if self._world_size() > 1:  # Lightning leaves a DistributedSampler it is given as it is
+            rank, world = self.trainer.global_rank, self._world_size()
+            sampler = DistributedSampler(
+                self.train_dataset, num_replicas=world, rank=rank, shuffle=True, seed=self.shuffle_seed, drop_last=True
+            )
         return StatefulDataLoader(
             self.train_dataset,
             batch_size=self.batch_size,
-            shuffle=True,
+            shuffle=sampler is None,
+            sampler=sampler,
             drop_last=True,
             generator=generator,
             num_workers=self.num_workers,
@@ -147,7 +161,17 @@ class TextDataModule(L.LightningDataModule):
         )
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_dataset, batch_size=self.batch_size, num_workers=self.num_workers)
+        """Under DDP each process scores every N-th block, none twice (Lightning's default sampler would repeat
+        blocks to even the shares out), so the synced val/loss is the single-process one."""
+        sampler = None
+        if self._world_size() > 1 and not self.streaming:  # a stream is scored whole by every process
+            sampler = UnrepeatedDistributedSampler(
+                self.val_dataset, num_replicas=self._world_size(), rank=self.trainer.global_rank, shuffle=False
+            )
+        return DataLoader(self.val_dataset, batch_size=self.batch_size, sampler=sampler, num_workers=self.num_workers)
+
+    def _world_size(self) -> int:
+        return self.trainer.world_size if self.trainer is not None else 1
 
     # ---------------------------------------------------------------- building
     def prepare(self) -> None:

@@ -39,7 +39,7 @@ class LanguageModel(L.LightningModule):
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         loss = self.loss(batch)
-        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/loss", loss, prog_bar=True, sync_dist=True)  # DDP: the mean over processes (the global batch)
         return loss
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
@@ -47,10 +47,11 @@ class LanguageModel(L.LightningModule):
         self.val_loss.update(self.loss(batch), weight=tokens[:, 1:].numel())
 
     def on_validation_epoch_end(self) -> None:
-        loss = self.val_loss.compute()
+        loss = self.val_loss.compute()  # under DDP already the mean over every process's blocks (synced here)
         self.val_loss.reset()
-        self.log("val/loss", loss, prog_bar=True, sync_dist=False)
-        self.log("val/ppl", torch.exp(loss), prog_bar=True, sync_dist=False)
+        # sync_dist averages values that are equal on every process; it only quiets Lightning's DDP warning
+        self.log("val/loss", loss, prog_bar=True, sync_dist=True)
+        self.log("val/ppl", torch.exp(loss), prog_bar=True, sync_dist=True)
 
     @property
     def flops_per_batch(self) -> float | None:

@@ -13,6 +13,7 @@ from typing import Any
 import lightning as L
 import torch
 from hydra.utils import instantiate
+from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from omegaconf import DictConfig
 
 from attnlab.console import announce
@@ -102,6 +103,12 @@ def run(cfg: DictConfig, evaluate: Callable[[str], dict[str, Any]] | None = None
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
     loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    require(
+        not (in_multirun() and relaunches_command(trainer)),
+        "trainer.devices",
+        f"{trainer.num_devices} processes in a -m sweep: Lightning starts the other ranks by re-running the command, "
+        "which would re-run the sweep; start one train.py per job (a shell loop), or use trainer.devices=1",
+    )
     if cfg.get("train_tokens"):
         trainer.fit_loop.epoch_loop.max_steps = steps_for_tokens(cfg, trainer.world_size)
     horizon = (resumed and resumed.spec.get("schedule_steps")) or trainer.max_steps
@@ -156,6 +163,16 @@ def run(cfg: DictConfig, evaluate: Callable[[str], dict[str, Any]] | None = None
         write_results(out / RESULTS_FILE, results)
         announce(summary(results))  # the terminal's last words, also at the end of train.log
     return results
+
+
+def relaunches_command(trainer: L.Trainer) -> bool:
+    """Whether Lightning will start this node's other processes by running ``sys.argv`` again (DDP's default)."""
+    launcher = getattr(trainer.strategy, "launcher", None)
+    return (
+        isinstance(launcher, _SubprocessScriptLauncher)
+        and not launcher.cluster_environment.creates_processes_externally
+        and trainer.num_devices > 1
+    )
 
 
 def own_file(path: str | None, run_dir: Path) -> str | None:

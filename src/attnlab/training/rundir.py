@@ -46,7 +46,9 @@ class KeepEarlierRunConfig(Callback):
     """Hydra callback: before Hydra writes ``.hydra/`` into a directory that has one, move the old one aside."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        saved = Path(OmegaConf.select(config, "hydra.run.dir")) / str(config.hydra.output_subdir or ".hydra")
+        if config.hydra.output_subdir is None:  # nothing will be written: e.g. a DDP rank > 0 Lightning started
+            return  # in rank 0's directory (hydra.output_subdir=null), whose .hydra/ is this run's own
+        saved = Path(OmegaConf.select(config, "hydra.run.dir")) / config.hydra.output_subdir
         if not (saved / "config.yaml").is_file():
             return
         part = next(n for n in range(1, 10_000) if not saved.with_name(f"{saved.name}-{n}").exists())
