@@ -55,6 +55,17 @@ def eos_token_id(tokenizer: Tokenizer) -> int:
     raise ConfigError("model.tokenizer", f"tokenizer has none of the end-of-text tokens {EOS_CANDIDATES}")
 
 
+def joined_ids(tokenizer: Tokenizer, texts: Iterable[str], limit: int | None = None) -> list[int]:
+    """Token ids of ``texts`` joined by the end-of-text token, as documents are packed; with ``limit``, the first
+    ``limit`` ids (the texts after them are not encoded)."""
+    eos, ids = eos_token_id(tokenizer), []
+    for index, text in enumerate(texts):
+        ids += [*([eos] if index else []), *tokenizer.encode(text).ids]
+        if limit is not None and len(ids) >= limit:
+            break
+    return ids[:limit]
+
+
 def _batched(texts: Iterable[str], size: int = 1000) -> Iterator[list[str]]:
     batch: list[str] = []
     for text in texts:

@@ -17,9 +17,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from datasets import DatasetDict
 from omegaconf import OmegaConf
 
 from attnlab.console import announce
+from attnlab.data.tokenizer import joined_ids
 from attnlab.defaults import CACHE_DIR, DATA_SEED, EVAL_SEED
 from attnlab.errors import ConfigError
 from attnlab.eval.heldout import heldout_dataset
@@ -223,10 +225,14 @@ def evaluate_suite(
             record["passkey"] = {"per_length": per_length_accuracy(passkey), "overall": passkey["acc,none"]}
     if suite.get("analysis") is not None:
         analysis_cfg = dict(suite["analysis"])
-        if "texts" not in analysis_cfg and "eval_tokens" not in analysis_cfg:
-            analysis_cfg["texts"] = heldout_texts(lm.run_data, cache_dir)
-        if "calibration_tokens" not in analysis_cfg and lm.run_data:
-            analysis_cfg["calibration_tokens"] = training_tokens(lm, cache_dir, CALIBRATION_TOKENS)
+        needs_texts = "texts" not in analysis_cfg and "eval_tokens" not in analysis_cfg
+        needs_calibration = "calibration_tokens" not in analysis_cfg and bool(lm.run_data)
+        if needs_texts or needs_calibration:
+            documents = run_documents(lm.run_data, cache_dir)  # the corpus split once, for both
+            if needs_texts:
+                analysis_cfg["texts"] = list(documents["test"]["text"])
+            if needs_calibration:  # W8A8 calibrates on training text, as the reference does
+                analysis_cfg["calibration_tokens"] = joined_ids(lm.tokenizer, documents["train"]["text"], CALIBRATION)
         record["analysis"] = run_analysis_suite(lm, out_dir / "analysis", analysis_cfg)
     record.update(summary=row, seconds=time.perf_counter() - started)
     from lm_eval.utils import handle_non_serializable
@@ -249,33 +255,19 @@ def evaluate_suite(
     return record
 
 
-CALIBRATION_TOKENS = 65536  # W8A8 calibration text: enough for the reference's 4 batches of 8 x 2048 tokens
+CALIBRATION = 65536  # W8A8 calibration tokens: enough for the reference's 4 batches of 8 x 2048 tokens
 
 
-def run_documents(data: dict[str, Any], cache_dir: str, split: str) -> list[str]:
-    """The training run's documents of the embedded corpus: ``test`` (held out) or ``train``."""
-    docs = heldout_dataset(
+def run_documents(data: dict[str, Any], cache_dir: str) -> DatasetDict:
+    """The training run's documents of the embedded corpus: ``test`` (held out) and ``train``."""
+    return heldout_dataset(
         data_seed=data.get("seed") or DATA_SEED, val_fraction=data.get("val_fraction") or 0.1, cache_dir=cache_dir
-    )[split]
-    return list(docs["text"])
+    )
 
 
 def heldout_texts(data: dict[str, Any], cache_dir: str) -> list[str]:
     """The documents the training run held out of the embedded corpus: the analysis' default evaluation text."""
-    return run_documents(data, cache_dir, "test")
-
-
-def training_tokens(lm: AttnlabLM, cache_dir: str, count: int) -> list[int]:
-    """The first ``count`` tokens of the run's training documents (joined by end-of-text): W8A8's calibration
-    text, as the reference calibrates on training batches."""
-    from attnlab.data.tokenizer import eos_token_id
-
-    eos, ids = eos_token_id(lm.tokenizer), []
-    for text in run_documents(lm.run_data, cache_dir, "train"):
-        ids += [*lm.tokenizer.encode(text).ids, eos]
-        if len(ids) >= count:
-            break
-    return ids[:count]
+    return list(run_documents(data, cache_dir)["test"]["text"])
 
 
 def run_analysis_suite(lm: AttnlabLM, out_dir: Path, cfg: dict[str, Any]) -> dict[str, Any]:

@@ -276,9 +276,9 @@ class Engine:
         ``csv/metrics.csv``: one row per (cell, step, metric); empty when the table names none."""
         metrics = self.table.get("curves") or []
         rows = []
-        for cell in cells:
+        for cell in cells if metrics else []:
             path = cell.directory / "csv" / "metrics.csv"
-            if not metrics or not path.is_file():
+            if not path.is_file():
                 continue
             logged = pd.read_csv(path)
             for metric in (m for m in metrics if m in logged):

@@ -19,7 +19,7 @@ Report = Callable[["Engine", "list[Cell]", Path], str]
 
 def pruning_curves(engine: Engine, cells: list[Cell], out_dir: Path) -> str:
     """Michel et al.'s pruning curves per variant: perplexity against the fraction of heads removed, importance order
-    (mean ± std over seeds) against the random orders (mean, min-max band over seeds and orders), written as
+    (mean, min-max band over seeds) against the random orders (mean, min-max band over seeds and orders), written as
     ``pruning_curves.csv`` and ``pruning_curves.png``; per fraction, importance minus random paired by seed with its
     interval and a verdict against the paper's claim (importance order degrades less); and which layers keep their
     heads."""
@@ -71,27 +71,15 @@ def pruning_curves(engine: Engine, cells: list[Cell], out_dir: Path) -> str:
 
 
 def plot_pruning_curves(curves: pd.DataFrame, table: dict, path: Path) -> None:
+    """One panel per variant: mean over seeds (and random orders) with the min-max band over them."""
     from matplotlib.figure import Figure
+
+    from attnlab.eval.analysis.pruning import draw_pruning_orders
 
     panels = list(curves.groupby(["stage", "row", "attention"], sort=False))
     fig = Figure(figsize=(4.5 * len(panels), 3.5), layout="constrained")
     for ax, ((_, row, attention), group) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels, strict=True):
-        for order in ("importance", "random"):
-            by_fraction = group[group["order"] == order].groupby("fraction")["perplexity"]
-            x = 100 * by_fraction.mean().index.to_numpy()
-            line = ax.plot(x, by_fraction.mean().to_numpy(), marker="o", label=order)[0]
-            low, high = (
-                (by_fraction.min(), by_fraction.max())
-                if order == "random"
-                else (
-                    by_fraction.mean() - by_fraction.std().fillna(0),
-                    by_fraction.mean() + by_fraction.std().fillna(0),
-                )
-            )
-            ax.fill_between(x, low.to_numpy(), high.to_numpy(), color=line.get_color(), alpha=0.2)
-        ax.set(xlabel="heads removed (%)", ylabel="perplexity", title=f"{row} {variant_label(table, attention)}")
-        ax.set_yscale("log")
-        ax.legend()
+        draw_pruning_orders(ax, group, title=f"{row} {variant_label(table, attention)}")
     fig.savefig(path, dpi=120)
 
 

@@ -7,7 +7,7 @@ import csv
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -22,6 +22,9 @@ from attnlab.eval.analysis.common import (
     register_metric,
     unwrap,
 )
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 DEFAULT_FRACTIONS = tuple(i / 10 for i in range(10))  # 0, 10, ..., 90 % of the heads removed
 ORDERS = ("importance", "random")
@@ -112,26 +115,28 @@ def write_pruning_csv(curves: dict[str, Any], path: Path) -> None:
             writer.writerow([row[c] for c in columns] + [" ".join(map(str, row["heads_kept_per_layer"]))])
 
 
-def plot_pruning(curves: dict[str, Any], path: Path, title: str = "") -> None:
-    """Perplexity against the fraction of heads removed: the importance order, and the random orders' mean with
-    their min-max band; log scale once it spans 10x."""
-    import pandas as pd
-    from matplotlib.figure import Figure
-
-    frame = pd.DataFrame(curves["rows"])
-    fig = Figure(figsize=(5, 3.5), layout="constrained")
-    ax = fig.add_subplot()
+def draw_pruning_orders(ax: Any, frame: pd.DataFrame, title: str = "") -> None:
+    """Perplexity against the fraction of heads removed, per order: the mean over the rows at each fraction (random
+    orders, seeds) with their min-max band where there are several; log scale once the values span 10x."""
     for order in ORDERS:
         by_fraction = frame[frame["order"] == order].groupby("fraction")["perplexity"]
         x = 100 * by_fraction.mean().index.to_numpy()
         line = ax.plot(x, by_fraction.mean().to_numpy(), marker="o", label=order)[0]
         if by_fraction.size().max() > 1:
             ax.fill_between(x, by_fraction.min(), by_fraction.max(), color=line.get_color(), alpha=0.2)
-    values = [r["perplexity"] for r in curves["rows"]]
     ax.set(xlabel="heads removed (%)", ylabel="perplexity", title=title)
-    if max(values) > 10 * min(values):
+    if frame["perplexity"].max() > 10 * frame["perplexity"].min():
         ax.set_yscale("log")
     ax.legend()
+
+
+def plot_pruning(curves: dict[str, Any], path: Path, title: str = "") -> None:
+    """One model's curves (``pruning_curves``): the importance order against the random orders' mean and band."""
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5, 3.5), layout="constrained")
+    draw_pruning_orders(fig.add_subplot(), pd.DataFrame(curves["rows"]), title)
     fig.savefig(path, dpi=120)
 
 

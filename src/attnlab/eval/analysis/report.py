@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 # The metric modules register their metrics on import, in this order (the order they run and print in).
 from attnlab.eval.analysis import outliers, sinks, selectivity, pruning  # noqa: F401  isort: skip
-from attnlab.data.tokenizer import eos_token_id
+from attnlab.data.tokenizer import joined_ids
 from attnlab.errors import ConfigError, require
 from attnlab.eval.analysis.common import METRICS, AnalysisInputs, perplexity, unwrap
 
@@ -55,9 +55,7 @@ def _token_stream(tokenizer: Tokenizer, options: dict[str, Any]) -> Tensor:
     texts = options["texts"]
     require(texts is not None, "analysis.eval_tokens", "give eval_tokens (token ids) or texts (strings)")
     texts = [texts] if isinstance(texts, str) else list(texts)
-    eos = eos_token_id(tokenizer)
-    ids = [i for text in texts for i in [*tokenizer.encode(text).ids, eos]][:-1]
-    return torch.tensor(ids, dtype=torch.long)
+    return torch.tensor(joined_ids(tokenizer, texts), dtype=torch.long)
 
 
 def run_analysis(model_or_module: nn.Module, tokenizer: Tokenizer, out_dir: Path, cfg: Mapping[str, Any]) -> dict:
