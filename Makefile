@@ -30,7 +30,7 @@ install: $(STAMP)  ## create .venv and install attnlab with torch==2.13.0 (CPU w
 train: $(STAMP)  ## train the default tiny model on the embedded corpus (extra Hydra overrides: ARGS="...")
 	$(PY) train.py $(ARGS)
 
-test: $(STAMP)  ## the default test suite (a few minutes on CPU)
+test: $(STAMP)  ## the default test suite (~10 min on 2 idle CPU cores)
 	$(PY) -m pytest -q $(ARGS)
 
 test-slow: $(STAMP)  ## the slow tests: longer CPU training runs per variant
@@ -44,8 +44,9 @@ format: $(STAMP)  ## ruff format and fix imports
 	$(VENV)/bin/ruff check --fix --select I .
 	$(VENV)/bin/ruff format .
 
-bench: $(STAMP)  ## time a training step of every attention variant vs vanilla -> outputs/bench/ (~10 min on a CPU)
-	$(PY) -m attnlab.bench --out outputs/bench/$$($(PY) -c "import torch; print('gpu' if torch.cuda.is_available() else 'cpu')")-$$(date +%Y%m%d-%H%M%S).md $(ARGS)
+bench: $(STAMP)  ## attnlab's step vs HF GPT-2, litgpt and a nanoGPT-style model; variants; clipped softmax over T; train.py vs a bare loop -> experiments/results/bench/ (~35 min on 2 CPU cores; ARGS="--sections step" for one part)
+	$(PY) -c "import litgpt" 2>/dev/null || $(PY) -m pip install -q --no-deps litgpt==0.5.13  # its pins clash with transformers 5; its model needs only torch
+	$(PY) -m attnlab.bench --out experiments/results/bench/$$($(PY) -c "import torch; print('gpu' if torch.cuda.is_available() else 'cpu')")-$$(date +%Y%m%d-%H%M%S).md --compile $(ARGS)
 
 reproduce-table1: $(STAMP)  ## SSA Table 1 / Figure 3 until converged, lr 1e-3 then the paper's 1e-4 (5 seeds; at most ~3.3 h on 2 busy cores: 75 steps/s, caps 40k + 400k) -> experiments/results/table1/converged*/
 	$(PY) experiments/reproduce_synthetic.py synthetic_table=table1/converged_lr1e-3 $(ARGS)

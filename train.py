@@ -14,13 +14,16 @@ def main(cfg: DictConfig) -> float | None:
     from functools import partial
 
     from attnlab.console import log_once, print_config
-    from attnlab.eval.harness import evaluate_after_training
     from attnlab.training.run import main as run_training
 
     log_once()  # Lightning's lines once, not also through its own handler
     if cfg.get("print_config", True):
         print_config(cfg)
-    evaluate = partial(evaluate_after_training, cfg) if OmegaConf.select(cfg, "eval.after_train") else None
+    evaluate = None
+    if OmegaConf.select(cfg, "eval.after_train"):  # lm-eval is imported only by runs that evaluate
+        from attnlab.eval.harness import evaluate_after_training
+
+        evaluate = partial(evaluate_after_training, cfg)
     return run_training(cfg, evaluate).get("val_loss")
 
 

@@ -551,3 +551,29 @@ def test_run_analysis_rejects_unknown_options_and_missing_text(tokenizer, tmp_pa
         run_analysis(tiny(), tokenizer[0], tmp_path, {"texts": "a b", "max_token": 10})
     with pytest.raises(ConfigError, match="eval_tokens"):
         run_analysis(tiny(), tokenizer[0], tmp_path, {})
+
+
+def test_the_outlier_monitor_reads_the_validation_forwards_of_its_first_batches() -> None:
+    """The callback hooks the loop's own forwards (no extra forward, so FSDP's wrappers and the precision context
+    apply): what it logs equals ``activation_outliers`` on the same first batches, and later batches are not read."""
+    from types import SimpleNamespace
+
+    from attnlab.eval.analysis.monitor import OutlierMonitor
+
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=61, block_size=16), {"name": "vanilla"}).eval()
+    batches = [torch.randint(0, 61, (3, 16)) for _ in range(4)]
+    logged: dict[str, float] = {}
+    module = SimpleNamespace(model=model, log_dict=lambda values, **_: logged.update(values))
+    trainer = SimpleNamespace(sanity_checking=False)
+    monitor = OutlierMonitor(batches=2)
+    monitor.on_validation_epoch_start(trainer, module)
+    with torch.no_grad():
+        for index, batch in enumerate(batches):
+            monitor.on_validation_batch_start(trainer, module, {"input_ids": batch}, index)
+            model(batch)
+            monitor.on_validation_batch_end(trainer, module, None, {"input_ids": batch}, index)
+    monitor.on_validation_epoch_end(trainer, module)
+    expected = activation_outliers(model, batches[:2])
+    assert logged == pytest.approx({f"outliers/{key}": expected[key] for key in OutlierMonitor.LOGGED})
+    assert not any(getattr(m, "_forward_hooks", None) for m in model.modules())  # every hook removed

@@ -78,6 +78,20 @@ def test_no_score_matrix_is_kept_for_backward() -> None:
     assert max(sizes) >= 2 * H * t * t  # the check above could fail
 
 
+def test_a_single_chunk_is_not_recomputed_in_backward(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Recomputing the only chunk would save no memory and cost a second forward; several chunks still are."""
+    from attnlab.attention.variants import clipped_softmax
+
+    calls: list[int] = []
+    real = clipped_softmax.checkpoint
+    monkeypatch.setattr(clipped_softmax, "checkpoint", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    q, k, v = qkv(16, 16)
+    clipped(chunk_size=16).attend(q, k, v, None, True, 0.0)
+    assert calls == []
+    clipped(chunk_size=8).attend(q, k, v, None, True, 0.0)
+    assert len(calls) == 2
+
+
 def test_softmax_runs_in_fp32_under_bf16_autocast() -> None:
     variant = clipped(chunk_size=5)
     q, k, v = (t.detach().bfloat16() for t in qkv(13, 13))

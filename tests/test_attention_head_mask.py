@@ -119,3 +119,19 @@ def test_prune_heads_by_importance_is_global_and_keeps_pruned_heads_off() -> Non
     previous = torch.tensor([[0.0, 1, 1], [1, 1, 1]])  # the most important head was already pruned
     mask = prune_heads_by_importance(importance, 2, previous)
     assert torch.equal(mask, torch.tensor([[0.0, 0, 1], [1, 1, 1]]))
+
+
+def test_a_loaded_mask_is_applied_and_an_all_ones_mask_costs_nothing() -> None:
+    """The multiply is skipped for an all-ones mask; a mask that arrives through a state dict (a checkpoint) is
+    still applied, and the flag survives pickling (spawned DDP workers get the model that way)."""
+    import pickle
+
+    masked = tiny()
+    masked.set_head_mask(torch.tensor([[1.0, 0, 1, 1], [1, 1, 1, 1], [0, 1, 1, 1]]))
+    fresh = tiny()
+    assert not any(block.attn.masks_heads for block in fresh.blocks)
+    fresh.load_state_dict(masked.state_dict())
+    assert [block.attn.masks_heads for block in fresh.blocks] == [True, False, True]
+    idx = batches()[0]
+    assert torch.equal(fresh(idx), masked(idx))
+    assert torch.equal(pickle.loads(pickle.dumps(fresh))(idx), masked(idx))

@@ -186,3 +186,22 @@ def test_the_ddp_checkpoint_evaluates_in_one_process_to_the_runs_validation_loss
     loss = -sum(logprob for logprob, _ in scores) / sum(len(block) - 1 for block in blocks)
     in_memory = json.loads((ddp_dir / "results.json").read_text())["val_loss"]
     assert loss == pytest.approx(in_memory, rel=RTOL)
+
+
+@pytest.mark.slow
+def test_an_fsdp_checkpoint_from_a_gpu_evaluates_in_one_cpu_process(tmp_path: Path, data_cache: Path) -> None:
+    """``tests/fixtures/fsdp_h100_step40.ckpt``: ``train.py trainer=fsdp trainer.devices=1`` on an H100 (bf16-mixed,
+    per-block FSDP units with activation checkpointing, full state dict; 2026-11-22), 2 x 4 x 64 model, vocab 4096,
+    40 steps, optimizer state dropped to keep the file small. Scored here in fp32 on every validation block of the
+    embedded corpus it gives the validation loss the GPU run reported (7.03018), to bf16's rounding."""
+    cfg = compose_config(["data.tokenizer_vocab_size=4096"], tmp_path, data_cache)
+    datamodule = instantiate(cfg.data, tokenizer=None)
+    datamodule.prepare()
+    blocks = [row["input_ids"].tolist() for row in datamodule.val_dataset]
+    checkpoint = ROOT / "tests" / "fixtures" / "fsdp_h100_step40.ckpt"
+    assert load_checkpoint(checkpoint).global_step == 40
+    lm = AttnlabLM(checkpoint=str(checkpoint), batch_size=8)
+    assert lm.tokenizer.get_vocab() == datamodule.tokenizer.get_vocab()
+    scores = lm._loglikelihood_tokens([(None, block[:1], block[1:]) for block in blocks], disable_tqdm=True)
+    loss = -sum(logprob for logprob, _ in scores) / sum(len(block) - 1 for block in blocks)
+    assert loss == pytest.approx(7.03018, rel=1e-4)

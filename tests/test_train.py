@@ -73,6 +73,31 @@ def test_resume_from_last_checkpoint_continues_in_a_new_directory(make_config, t
     assert hashlib.sha256(last.read_bytes()).hexdigest() == before
 
 
+def test_global_batch_in_tokens_sets_the_accumulation(make_config, tmp_path: Path) -> None:
+    """4 x 32-token rows per batch: 256 tokens a step is 2 batches accumulated, and the token count says so."""
+    results = run(make_config([*QUIET, "trainer.max_steps=2", "global_batch_tokens=256"], tmp_path / "run"))
+    assert results["steps"] == 2 and results["train_tokens"] == 2 * 256
+    rows = list(csv.DictReader((tmp_path / "run" / "csv" / "metrics.csv").open()))
+    assert max(int(r["step"]) for r in rows if r.get("train/loss")) <= 2  # optimizer steps, not batches
+
+
+@pytest.mark.slow
+def test_compiled_training_saves_the_eager_models_checkpoint(make_config, tmp_path: Path) -> None:
+    """compile=true trains through torch.compile; the checkpoint's keys are the model's own (no ``_orig_mod.``),
+    so evaluate.py and resuming load it like any other, and it computes what the eager run computes."""
+    import torch
+
+    from attnlab.runs import load_checkpoint
+
+    common = [*QUIET, "trainer.max_steps=4", "trainer.val_check_interval=2", "trainer.limit_val_batches=2"]
+    eager = run(make_config(common, tmp_path / "eager"))
+    compiled = run(make_config([*common, "compile=true"], tmp_path / "compiled"))
+    assert compiled["val_loss"] == pytest.approx(eager["val_loss"], rel=1e-3)
+    state = torch.load(compiled["last_checkpoint"], map_location="cpu", weights_only=False)["state_dict"]
+    assert state and not any("_orig_mod" in key for key in state)
+    assert load_checkpoint(compiled["last_checkpoint"]).global_step == 4
+
+
 @pytest.mark.parametrize(
     ("overrides", "key"),
     [
@@ -84,6 +109,9 @@ def test_resume_from_last_checkpoint_continues_in_a_new_directory(make_config, t
         (["ckpt_path=/nope/last.ckpt"], "ckpt_path"),
         (["optim.schedule=linear"], "optim.schedule"),
         (["attention=temp_lookup"], "attention"),  # the synthetic tables' variants: not for language data
+        (["compile=yes"], "compile"),
+        (["global_batch_tokens=200"], "global_batch_tokens"),  # not a multiple of 4 x 32
+        (["global_batch_tokens=256", "trainer.accumulate_grad_batches=2"], "global_batch_tokens"),
     ],
 )
 def test_bad_config_names_the_key(make_config, overrides: list[str], key: str) -> None:

@@ -172,6 +172,8 @@ def validate_train_config(cfg: DictConfig) -> OptimSpec:
     batch_size = typed(cfg.data.get("batch_size"), int, "data.batch_size", "must be a positive integer")
     require(batch_size > 0, "data.batch_size", f"must be a positive integer, got {batch_size}")
     check_trainer(cfg.trainer)
+    compile_flag = cfg.get("compile", False)
+    require(isinstance(compile_flag, bool), "compile", f"must be true or false, got {compile_flag!r}")
     name = OmegaConf.select(cfg, "attention.name")
     if name in SYNTHETIC_ONLY_ATTENTION:
         from attnlab.attention import available_attention

@@ -267,10 +267,16 @@ class CausalSelfAttention(nn.Module):
         self.variant = build_variant(attention, shape)
         # Michel et al.: xi_h multiplies head h's output; all ones is the unmasked model.
         self.register_buffer("head_mask", torch.ones(h))
+        self.masks_heads = False  # whether any xi differs from 1: an all-ones mask is not multiplied in
+        self.register_load_state_dict_post_hook(_head_mask_loaded)  # a module-level function: models pickle
         self.record_probabilities = False  # analysis only: use the reference path and keep the map
         self.probabilities: Tensor | None = None
         # analysis only (W8A8): when set, use the reference path and pass its intermediates through this hook
         self.intermediate_hook: IntermediateHook | None = None
+
+    def head_mask_changed(self) -> None:
+        """Call after writing ``head_mask`` (a state dict load does): decides whether forward multiplies it in."""
+        self.masks_heads = bool((self.head_mask != 1).any())
 
     def forward(self, x: Tensor, ctx: AttentionContext, cache: KVCache | None = None) -> Tensor:
         batch, t, _ = x.shape
@@ -295,9 +301,14 @@ class CausalSelfAttention(nn.Module):
         else:
             o = self.variant.attend(q, k, v, mask, is_causal, self.dropout if self.training else 0.0)
         o = self.variant.transform_heads(x, o, ctx)
-        o = o * self.head_mask.view(1, h, 1, 1).to(o.dtype)
+        if self.masks_heads or self.head_mask.requires_grad:  # (differentiating against xi needs it in the graph)
+            o = o * self.head_mask.view(1, h, 1, 1).to(o.dtype)
         y = self.proj(o.transpose(1, 2).reshape(batch, t, h * dh))
         return self.variant.transform_output(x, y, ctx)
+
+
+def _head_mask_loaded(module: CausalSelfAttention, incompatible_keys: Any) -> None:
+    module.head_mask_changed()
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

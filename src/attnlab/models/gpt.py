@@ -155,6 +155,7 @@ class GPT(nn.Module):
         """Set Michel et al.'s head mask xi, shape (n_layer, n_head)."""
         for block, row in zip(self.blocks, mask, strict=True):
             block.attn.head_mask.copy_(row)
+            block.attn.head_mask_changed()
 
     def head_mask(self) -> Tensor:
         return torch.stack([block.attn.head_mask for block in self.blocks])

@@ -30,6 +30,8 @@ def _resolved(node: Any) -> Any:
 def identity(root: DictConfig) -> dict[str, Any]:
     """The identity-relevant part of a composed ``train.yaml`` config."""
     ident = {key: _resolved(root[key]) for key in IDENTITY_KEYS if key in root}
+    if root.get("global_batch_tokens") is not None:  # only when set: cells named before the key existed keep names
+        ident["global_batch_tokens"] = root.global_batch_tokens
     trainer = root.get("trainer") or {}
     ident["trainer"] = {key: _resolved(trainer[key]) for key in TRAINER_KEYS if key in trainer}
     return ident

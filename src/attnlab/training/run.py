@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -49,11 +50,32 @@ def build_datamodule(cfg: DictConfig, model: dict[str, Any]) -> TextDataModule:
     return instantiate(cfg.data, tokenizer=model.get("tokenizer") or (cfg.data.get("tokenizer") or None))
 
 
-def steps_for_tokens(cfg: DictConfig, world_size: int) -> int:
+def steps_for_tokens(cfg: DictConfig, accumulation: int, world_size: int) -> int:
     """Optimizer steps that consume ``train_tokens``: each step sees batch x block x accumulation x devices."""
-    per_step = cfg.data.batch_size * cfg.data.block_size * cfg.trainer.accumulate_grad_batches * world_size
+    per_step = cfg.data.batch_size * cfg.data.block_size * accumulation * world_size
     require(cfg.train_tokens > 0, "train_tokens", f"must be positive, got {cfg.train_tokens}")
     return math.ceil(cfg.train_tokens / per_step)
+
+
+def batches_per_step(cfg: DictConfig, world_size: int) -> int:
+    """``trainer.accumulate_grad_batches``, or the accumulation that makes each optimizer step see
+    ``global_batch_tokens`` whatever the number of processes (the batch a paper states, on any machine)."""
+    tokens = cfg.get("global_batch_tokens")
+    if tokens is None:
+        return cfg.trainer.accumulate_grad_batches
+    per_batch = cfg.data.batch_size * cfg.data.block_size * world_size
+    require(
+        cfg.trainer.accumulate_grad_batches == 1,
+        "global_batch_tokens",
+        "decides trainer.accumulate_grad_batches: set one of the two",
+    )
+    require(
+        isinstance(tokens, int) and tokens > 0 and tokens % per_batch == 0,
+        "global_batch_tokens",
+        f"must be a positive multiple of data.batch_size x data.block_size x {world_size} process(es) = {per_batch}, "
+        f"got {tokens!r}",
+    )
+    return tokens // per_batch
 
 
 def run(cfg: DictConfig, evaluate: Callable[[str], dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -109,8 +131,9 @@ def run(cfg: DictConfig, evaluate: Callable[[str], dict[str, Any]] | None = None
         f"{trainer.num_devices} processes in a -m sweep: Lightning starts the other ranks by re-running the command, "
         "which would re-run the sweep; start one train.py per job (a shell loop), or use trainer.devices=1",
     )
+    trainer.accumulate_grad_batches = accumulation = batches_per_step(cfg, trainer.world_size)
     if cfg.get("train_tokens"):
-        trainer.fit_loop.epoch_loop.max_steps = steps_for_tokens(cfg, trainer.world_size)
+        trainer.fit_loop.epoch_loop.max_steps = steps_for_tokens(cfg, accumulation, trainer.world_size)
     horizon = (resumed and resumed.spec.get("schedule_steps")) or trainer.max_steps
     spec = {
         "model": model.config.to_dict(),
@@ -119,7 +142,7 @@ def run(cfg: DictConfig, evaluate: Callable[[str], dict[str, Any]] | None = None
         "optim": asdict(optim),
         "schedule_steps": horizon,
     }
-    module = LanguageModel(model, optim, horizon, record(spec, tokenizer, plain(cfg.data)))
+    module = LanguageModel(model, optim, horizon, record(spec, tokenizer, plain(cfg.data)), cfg.get("compile", False))
     for logger in loggers:
         logger.log_hyperparams(plain(cfg))
 
@@ -132,9 +155,7 @@ def run(cfg: DictConfig, evaluate: Callable[[str], dict[str, Any]] | None = None
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if torch.as_tensor(v).numel() == 1}
     checkpoint = trainer.checkpoint_callback
-    tokens_per_step = (
-        cfg.data.batch_size * cfg.data.block_size * cfg.trainer.accumulate_grad_batches * trainer.world_size
-    )
+    tokens_per_step = cfg.data.batch_size * cfg.data.block_size * accumulation * trainer.world_size
     tokens = trainer.global_step * tokens_per_step  # all the model has seen, the resumed-from steps included
     tokens_this_run = (trainer.global_step - (resumed.global_step if resumed else 0)) * tokens_per_step
     results = {
@@ -217,7 +238,6 @@ def main(cfg: DictConfig, evaluate: Callable[[str], dict[str, Any]] | None = Non
             raise
         raise SystemExit(f"error: {exc}") from None
     finally:
-        import wandb
-
-        if wandb.run is not None:
+        wandb = sys.modules.get("wandb")  # imported only by a W&B logger: nothing to close otherwise
+        if wandb is not None and wandb.run is not None:
             wandb.finish()

@@ -2,7 +2,8 @@
 
 ``p~ = clip((zeta - gamma) * softmax(s) + gamma, 0, 1)``; rows no longer sum to one, on purpose. The fused
 kernel cannot clip, so ``attend`` runs the plain math over chunks of queries: each chunk sees its full key
-rows (the softmax is exact) and only a (chunk x T) score block exists at a time, recomputed in backward.
+rows (the softmax is exact) and only a (chunk x T) score block exists at a time, recomputed in backward when
+there is more than one chunk.
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ class ClippedSoftmax(AttentionVariant):
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         t_q, offset = q.shape[2], k.shape[2] - q.shape[2]  # query i sits at key index i + offset
         chunks = []
+        # one chunk holds no more than the plain math would: recomputing it in backward would only cost time
+        recompute = torch.is_grad_enabled() and t_q > self.options.chunk_size
         for start in range(0, t_q, self.options.chunk_size):
             stop = min(start + self.options.chunk_size, t_q)
             keys, bias = k.shape[2], None
@@ -77,7 +80,7 @@ class ClippedSoftmax(AttentionVariant):
                 keys = stop + offset
                 bias = causal_bias(stop - start, keys, q.device)
             args = (q[:, :, start:stop], k[:, :, :keys], v[:, :, :keys], bias, dropout)
-            if torch.is_grad_enabled():
+            if recompute:
                 chunks.append(checkpoint(self._chunk, *args, use_reentrant=False))
             else:
                 chunks.append(self._chunk(*args))

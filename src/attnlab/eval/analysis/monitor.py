@@ -5,37 +5,48 @@ its first ``batches`` validation batches (the same text each time), with ``activ
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from typing import Any
 
 import lightning as L
-import torch
-from torch import Tensor
 
-from attnlab.eval.analysis.outliers import activation_outliers
-
-LOGGED = ("max_inf_norm", "kurtosis_mean", "kurtosis_max")
+from attnlab.eval.analysis.outliers import OutlierStatistics
+from attnlab.nn_utils import forward_hooks
 
 
 class OutlierMonitor(L.Callback):
+    """Hooks the validation loop's own forwards of its first ``batches`` batches: no extra forward, and under any
+    strategy (FSDP's sharded wrappers, DDP) and precision the statistics are those of the model as validated."""
+
+    LOGGED = ("max_inf_norm", "kurtosis_mean", "kurtosis_max")
+
     def __init__(self, batches: int = 2) -> None:
         if batches < 1:
             raise ValueError(f"callbacks.outlier_monitor.batches must be >= 1, got {batches}")
         self.batches = batches
-        self.kept: list[Tensor] = []
+        self.statistics: OutlierStatistics | None = None
+        self.hooked: ExitStack | None = None
 
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.kept = []
+        self.statistics = None if trainer.sanity_checking else OutlierStatistics(pl_module.model)
+
+    def on_validation_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        if self.statistics is not None and batch_idx < self.batches:
+            self.hooked = ExitStack()
+            self.hooked.enter_context(forward_hooks(self.statistics.hooks()))
 
     def on_validation_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int, *args: Any
     ) -> None:
-        if len(self.kept) < self.batches:
-            self.kept.append(batch["input_ids"][:, :-1].long())  # the inputs (the last token is only a target)
+        if self.hooked is not None:
+            self.hooked.close()
+            self.hooked = None
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.sanity_checking or not self.kept:
+        if self.statistics is None or not self.statistics.sums or next(iter(self.statistics.sums.values()))[2] == 0:
             return
-        with torch.no_grad():
-            stats = activation_outliers(pl_module.model, self.kept)
-        pl_module.log_dict({f"outliers/{key}": float(stats[key]) for key in LOGGED}, sync_dist=True)
-        self.kept = []
+        stats = self.statistics.summary()
+        pl_module.log_dict({f"outliers/{key}": float(stats[key]) for key in self.LOGGED}, sync_dist=True)
+        self.statistics = None

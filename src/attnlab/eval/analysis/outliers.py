@@ -71,44 +71,58 @@ def hooked_outputs(model: nn.Module) -> dict[str, nn.Module]:
     return modules
 
 
-@torch.no_grad()
-def activation_outliers(model: nn.Module, tokens: Tokens, eps: float = 1e-6) -> dict[str, Any]:
-    """Per hooked module: kurtosis and max |x| of each sequence's flattened (T*d) output, averaged over sequences;
-    then the max and mean over modules (the seed's table reports the max infinity norm and the mean kurtosis), and
-    which module gave each max."""
-    model = unwrap(model)
-    modules = hooked_outputs(model)
-    sums = {name: torch.zeros(2, dtype=torch.float64) for name in modules}
-    sequences = 0
+class OutlierStatistics:
+    """Per hooked module, running sums of each sequence's kurtosis and max |x| over its flattened (T*d) output:
+    fed by forward hooks, so the forwards can be anyone's (``activation_outliers``'s own, or the validation loop's
+    under ``callbacks.outlier_monitor``, inside the strategy's wrappers and precision)."""
 
-    def record(name: str):
+    def __init__(self, model: nn.Module, eps: float = 1e-6) -> None:
+        self.modules = hooked_outputs(model)
+        self.eps = eps
+        self.sums = {name: torch.zeros(3, dtype=torch.float64) for name in self.modules}  # kurtosis, inf norm, rows
+
+    def hooks(self) -> list[tuple[nn.Module, Callable[..., None]]]:
+        return [(module, self._recorder(name)) for name, module in self.modules.items()]
+
+    def _recorder(self, name: str) -> Callable[..., None]:
         def hook(_module: nn.Module, _args: tuple[Any, ...], output: Tensor) -> None:
             rows = output.detach().flatten(1)
-            sums[name] += torch.stack([kurtosis(rows, eps).sum(), rows.abs().amax(dim=1).double().sum()]).cpu()
+            kurt, inf = kurtosis(rows, self.eps).sum(), rows.abs().amax(dim=1).double().sum()
+            self.sums[name] += torch.stack([kurt, inf, torch.tensor(rows.shape[0], device=kurt.device)]).cpu()
 
         return hook
 
-    with evaluating(model), forward_hooks((module, record(name)) for name, module in modules.items()):
+    def summary(self) -> dict[str, Any]:
+        """Each module's means over sequences; then the max and mean over modules (the seed's table reports the max
+        infinity norm and the mean kurtosis), and which module gave each max."""
+        per_module = {
+            name: {"kurtosis": (s[0] / s[2]).item(), "max_inf_norm": (s[1] / s[2]).item()}
+            for name, s in self.sums.items()
+        }
+        kurt = {name: m["kurtosis"] for name, m in per_module.items()}
+        norm = {name: m["max_inf_norm"] for name, m in per_module.items()}
+        return {
+            "modules": per_module,
+            "hooked_modules": HOOKED_MODULES,
+            "kurtosis_max": max(kurt.values()),
+            "kurtosis_max_module": max(kurt, key=kurt.get),
+            "kurtosis_mean": sum(kurt.values()) / len(kurt),
+            "max_inf_norm": max(norm.values()),
+            "max_inf_norm_module": max(norm, key=norm.get),
+            "inf_norm_mean": sum(norm.values()) / len(norm),
+            "sequences": int(next(iter(self.sums.values()))[2]),
+        }
+
+
+@torch.no_grad()
+def activation_outliers(model: nn.Module, tokens: Tokens, eps: float = 1e-6) -> dict[str, Any]:
+    """``OutlierStatistics`` of the model's forwards over ``tokens``, in eval mode."""
+    model = unwrap(model)
+    statistics = OutlierStatistics(model, eps)
+    with evaluating(model), forward_hooks(statistics.hooks()):
         for batch in as_batches(tokens, device_of(model)):
             model(batch)
-            sequences += batch.shape[0]
-    per_module = {
-        name: {"kurtosis": (s[0] / sequences).item(), "max_inf_norm": (s[1] / sequences).item()}
-        for name, s in sums.items()
-    }
-    kurt = {name: m["kurtosis"] for name, m in per_module.items()}
-    norm = {name: m["max_inf_norm"] for name, m in per_module.items()}
-    return {
-        "modules": per_module,
-        "hooked_modules": HOOKED_MODULES,
-        "kurtosis_max": max(kurt.values()),
-        "kurtosis_max_module": max(kurt, key=kurt.get),
-        "kurtosis_mean": sum(kurt.values()) / len(kurt),
-        "max_inf_norm": max(norm.values()),
-        "max_inf_norm_module": max(norm, key=norm.get),
-        "inf_norm_mean": sum(norm.values()) / len(norm),
-        "sequences": sequences,
-    }
+    return statistics.summary()
 
 
 # ---------------------------------------------------------------- quantisers (reference: quantization/)

@@ -1,0 +1,224 @@
+"""``python -m attnlab.bench`` (``make bench``): attnlab's training step against its peers, the attention
+variants against vanilla, clipped softmax against SDPA over T, and train.py against a bare loop.
+
+Everything in one process is measured side by side (``attnlab.bench.timing``): ratios, not absolute times, are
+what carries over between machines. The report is a Markdown file that is never overwritten.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import sys
+from pathlib import Path
+
+import pandas as pd
+import torch
+from lightning.fabric.utilities.throughput import get_available_flops
+
+from attnlab.attention import available_attention
+from attnlab.bench.clipped import benchmark_clipped
+from attnlab.bench.peers import PEERS, SHAPES, Shape, build_peer, litgpt_available, training_step
+from attnlab.bench.stack import stack_overhead
+from attnlab.bench.timing import Contender, Progress, Timing, count_flops, gemm_probe, peak_memory, time_round_robin
+from attnlab.runs import SYNTHETIC_ONLY_ATTENTION
+
+SECTIONS = ("step", "variants", "clipped", "stack")
+GEMM_SIZE = {"cpu": 2048, "cuda": 8192}
+
+
+def contender(
+    name: str, model: torch.nn.Module, shape: Shape, device: torch.device, fused: bool, compile: str | None = None
+) -> Contender:
+    """A training step of ``model`` on fixed random tokens, its FLOPs counted on the eager model (compiled code
+    bypasses the counter) and (CUDA) its memory peak taken."""
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, shape.vocab_size, (shape.batch, shape.length + 1), generator=generator).to(device)
+    bf16 = device.type == "cuda"
+    flops = count_flops(training_step(model, tokens, bf16, fused))
+    step = training_step(model, tokens, bf16, fused, compile)
+    step()  # allocator, kernel choice, compilation
+    return Contender(name, step, flops=flops, peak_bytes=peak_memory(step, device))
+
+
+def timing_row(timing: Timing, base: Timing, shape: Shape, gemm: Timing | None, peak: float | None) -> dict:
+    achieved = timing.flops_per_s
+    return {
+        "contender": timing.name,
+        "ms/step": f"{1000 * timing.median_s:,.1f}",
+        "spread": f"{100 * timing.spread:.0f}%",
+        "attnlab speed-up": f"{timing.median_s / base.median_s:.2f}",
+        "tokens/s": f"{shape.batch * shape.length / timing.median_s:,.0f}",
+        "TFLOP/s": f"{achieved / 1e12:.3f}" if achieved else "-",
+        "of GEMM": f"{100 * achieved / gemm.flops_per_s:.0f}%" if achieved and gemm else "-",
+        "MFU": f"{100 * achieved / peak:.1f}%" if achieved and peak else "-",
+        "peak GiB": f"{timing.peak_bytes / 2**30:.2f}" if timing.peak_bytes else "-",
+    }
+
+
+def step_section(args: argparse.Namespace, device: torch.device, progress: Progress) -> str:
+    parts = []
+    peers = [p for p in args.peers if p != "litgpt" or litgpt_available()]
+    for shape_name in args.shapes:
+        shape = with_batch(SHAPES[shape_name], args.batch)
+        contenders = []
+        for peer in peers:
+            progress(f"{shape.name}: building {peer}")
+            contenders.append(contender(peer, build_peer(peer, shape).to(device), shape, device, args.fused_adamw))
+        for what in ("model", "loss") if args.compile else ():
+            progress(f"{shape.name}: compiling attnlab's {what}")
+            model = build_peer("attnlab", shape).to(device)
+            label = f"attnlab compiled ({'model' if what == 'model' else 'model + loss'})"
+            contenders.append(contender(label, model, shape, device, args.fused_adamw, compile=what))
+        gemm = gemm_probe(device, dtype(device), GEMM_SIZE[device.type])
+        timings = time_round_robin([*contenders, gemm], args.rounds, warmup=1, progress=progress)
+        base, gemm_timing = timings["attnlab"], timings[gemm.name]
+        peak = get_available_flops(device, dtype(device))
+        rows = [timing_row(timings[c.name], base, shape, gemm_timing, peak) for c in contenders]
+        missing = [p for p in args.peers if p not in peers]
+        parts.append(
+            f"### Training step at the `{shape.name}` shape ({shape.n_layer} layers x {shape.n_head} heads x "
+            f"{shape.n_embd}, vocab {shape.vocab_size}, batch {shape.batch} x {shape.length} tokens)\n\n"
+            f"{markdown(rows)}\n\n"
+            f"GEMM probe ({gemm.name}, {dtype(device)}): {gemm_timing.flops_per_s / 1e12:.3f} TFLOP/s. "
+            "attnlab speed-up = the contender's time / attnlab's (above 1: attnlab is faster). FLOPs counted by "
+            "`FlopCounterMode` (matrix products and attention, forward and backward)."
+            + (
+                f" Not measured: {', '.join(missing)} (not installed: `pip install --no-deps litgpt`)."
+                if missing
+                else ""
+            )
+        )
+    return "\n\n".join(parts)
+
+
+def variants_section(args: argparse.Namespace, device: torch.device, progress: Progress) -> str:
+    shape = with_batch(SHAPES[args.variants_shape], args.batch)
+    language = [n for n in available_attention() if n not in SYNTHETIC_ONLY_ATTENTION]  # not the synthetic ones
+    names = ["vanilla", *(n for n in args.attention or language if n != "vanilla")]
+    contenders = []
+    for name in names:
+        for compiled in (False, True) if args.compile_variants else (False,):
+            label = f"{name} compiled" if compiled else name
+            progress(f"variants: building {label}")
+            model = build_peer("attnlab", shape, attention=name).to(device)
+            contenders.append(contender(label, model, shape, device, args.fused_adamw, "model" if compiled else None))
+    timings = time_round_robin(contenders, args.rounds, warmup=1, progress=progress)
+    peak = get_available_flops(device, dtype(device))
+    rows = []
+    for c in contenders:
+        timing = timings[c.name]
+        base = timings["vanilla compiled" if c.name.endswith(" compiled") else "vanilla"]
+        row = timing_row(timing, base, shape, None, peak)
+        del row["attnlab speed-up"], row["of GEMM"]
+        rows.append({**row, "x vanilla": f"{timing.median_s / base.median_s:.2f}"})
+    return (
+        f"### Attention variants at the `{shape.name}` shape (batch {shape.batch} x {shape.length} tokens)\n\n"
+        f"{markdown(rows)}\n\nx vanilla = the variant's time / vanilla's (compiled: / vanilla compiled)."
+    )
+
+
+def clipped_section(args: argparse.Namespace, device: torch.device, progress: Progress) -> str:
+    batch = args.clipped_batch
+    rows = benchmark_clipped(args.lengths, 12, 64, batch, str(device), args.rounds, progress)
+    table = [
+        {
+            "T": row["T"],
+            "method": row["method"],
+            "ms fwd+bwd": f"{row['ms']:,.2f}" if row["ms"] is not None else "out of memory",
+            "spread": f"{100 * row['spread']:.0f}%" if row["ms"] is not None else "-",
+            "x sdpa": f"{row['x sdpa']:.2f}" if row["ms"] is not None else "-",
+            "peak MiB": f"{row['peak_mb']:,.0f}" if row["peak_mb"] is not None else "-",
+        }
+        for row in rows
+    ]
+    where = "CUDA allocator peak" if device.type == "cuda" else "growth of a fresh process's peak RSS"
+    return (
+        f"### Clipped softmax core vs SDPA and the naive T x T version (batch {batch}, 12 heads x 64, causal, "
+        f"forward + backward)\n\n{markdown(table)}\n\nPeak memory: {where} over one call."
+    )
+
+
+def stack_section(args: argparse.Namespace, device: torch.device, progress: Progress) -> str:
+    rows = stack_overhead(args.stack_steps, args.stack_repeats, device, progress)
+    table = [
+        {
+            "repeat": row["repeat"],
+            "train.py tokens/s": f"{row['train.py']:,.0f}",
+            "bare loop tokens/s": f"{row['bare loop']:,.0f}",
+            "overhead": f"{100 * row['overhead']:+.1f}%",
+        }
+        for row in rows
+    ]
+    overheads = sorted(row["overhead"] for row in rows)
+    return (
+        f"### Stack overhead: train.py against a bare loop ({args.stack_steps} steps of the default `tiny` model on "
+        f"the embedded corpus, each timed from the start of fitting)\n\n{markdown(table)}\n\n"
+        f"Median overhead: {100 * overheads[len(overheads) // 2]:+.1f}% (bare loop tokens/s / train.py's - 1)."
+    )
+
+
+def with_batch(shape: Shape, batch: int | None) -> Shape:
+    return shape if batch is None else Shape(**{**shape.__dict__, "batch": batch})
+
+
+def dtype(device: torch.device) -> torch.dtype:
+    """What the models compute in: bf16 autocast on a GPU, fp32 on a CPU."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def markdown(rows: list[dict]) -> str:
+    return pd.DataFrame(rows).to_markdown(index=False, disable_numparse=True)
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="Markdown file to write (never overwritten)")
+    parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
+    parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=["tiny", "gpt2"])
+    parser.add_argument("--peers", nargs="+", choices=PEERS, default=list(PEERS))
+    parser.add_argument("--batch", type=int, default=None, help="sequences per step (default: each shape's own)")
+    parser.add_argument("--attention", nargs="*", default=None, help="variants (default: all registered)")
+    parser.add_argument("--variants-shape", choices=sorted(SHAPES), default="tiny")
+    parser.add_argument("--lengths", nargs="+", type=int, default=[256, 512, 1024, 2048, 4096])
+    parser.add_argument("--clipped-batch", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--stack-steps", type=int, default=100)
+    parser.add_argument("--stack-repeats", type=int, default=3)
+    parser.add_argument("--compile", action="store_true", help="step: also time torch.compile'd attnlab models")
+    parser.add_argument("--compile-variants", action="store_true", help="variants: also time each one compiled")
+    parser.add_argument("--fused-adamw", action="store_true", help="AdamW(fused=True) instead of foreach")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args(argv)
+    if args.out.exists():
+        parser.error(f"--out {args.out} exists; choose a new file (results are never overwritten)")
+    device = torch.device(args.device)
+    # one process compiles many models whose forward is the same code: each is a legitimate entry, not a leak
+    torch._dynamo.config.recompile_limit = torch._dynamo.config.accumulated_recompile_limit = 512
+    progress = Progress()
+    builders = {"step": step_section, "variants": variants_section, "clipped": clipped_section, "stack": stack_section}
+    header = (
+        f"# attnlab benchmark: {device_name(device)}, torch {torch.__version__}, "
+        f"{datetime.date.today().isoformat()}\n\n"
+        f"`python -m attnlab.bench {' '.join(argv if argv is not None else sys.argv[1:])}`; median of "
+        f"{args.rounds} rounds, contenders in a shuffled order each round; spread = interquartile range / median."
+    )
+    parts = [header]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    for section in args.sections:
+        progress(f"section {section}")
+        parts.append(builders[section](args, device, progress))
+        args.out.write_text("\n\n".join(parts) + "\n")  # each finished section is kept, even if a later one fails
+    print("\n\n".join(parts))
+    print(f"written: {args.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""The benchmark's machinery: fair ordering, exact FLOP counts, peers that compute what they claim, memory."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnlab.bench.__main__ import main as bench_main
+from attnlab.bench.clipped import cpu_peak_bytes
+from attnlab.bench.peers import PEERS, Shape, build_peer, litgpt_available, training_step
+from attnlab.bench.reference import ReferenceGPT
+from attnlab.bench.timing import Contender, Progress, count_flops, time_round_robin
+from attnlab.models import build_gpt
+
+MICRO = Shape("micro", n_layer=2, n_head=2, n_embd=32, vocab_size=97, length=16, batch=2)
+
+
+def test_round_robin_shuffles_the_order_each_round_and_times_every_call() -> None:
+    calls: list[str] = []
+    contenders = [Contender(name, lambda name=name: calls.append(name)) for name in "abcd"]
+    timings = time_round_robin(contenders, rounds=6, warmup=2, progress=Progress())
+    rounds = [tuple(calls[8 + 4 * r : 12 + 4 * r]) for r in range(6)]  # after 2 warm-up calls each
+    assert calls[:8] == list("aabbccdd")
+    assert all(sorted(order) == list("abcd") for order in rounds)
+    assert len(set(rounds)) > 1  # not a fixed order
+    for timing in timings.values():
+        assert 0 < timing.q1_s <= timing.median_s <= timing.q3_s
+
+
+def test_flops_are_counted_not_estimated() -> None:
+    a, b = torch.randn(64, 32), torch.randn(32, 16)
+    assert count_flops(lambda: a @ b) == 2 * 64 * 32 * 16
+
+
+def test_the_nanogpt_reference_is_attnlab_vanilla_gpt2_without_the_hooks() -> None:
+    """Same weights, same logits: the reference is a fair floor for the gpt2 family, not a smaller model."""
+    ours = build_gpt(MICRO.model_config(), {"name": "vanilla"}).eval()
+    reference = ReferenceGPT(MICRO.n_layer, MICRO.n_head, MICRO.n_embd, MICRO.vocab_size, MICRO.length).eval()
+    renamed = {
+        name.replace("norm_1", "ln_1")
+        .replace("norm_2", "ln_2")
+        .replace("norm_f", "ln_f")
+        .replace("mlp.fc", "mlp.0")
+        .replace("mlp.proj", "mlp.2"): value
+        for name, value in ours.state_dict().items()
+        if not name.endswith("head_mask")
+    }
+    reference.load_state_dict({**renamed, "lm_head.weight": renamed["wte.weight"]})
+    idx = torch.randint(0, MICRO.vocab_size, (2, MICRO.length))
+    torch.testing.assert_close(reference(idx), ours(idx), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("peer", PEERS)
+def test_every_peer_maps_ids_to_logits_and_trains(peer: str) -> None:
+    if peer == "litgpt" and not litgpt_available():
+        pytest.skip("litgpt is optional (pip install --no-deps litgpt)")
+    torch.manual_seed(0)
+    model = build_peer(peer, MICRO)
+    tokens = torch.randint(0, MICRO.vocab_size, (MICRO.batch, MICRO.length + 1))
+    assert model(tokens[:, :-1]).shape == (MICRO.batch, MICRO.length, MICRO.vocab_size)
+    before = [p.detach().clone() for p in model.parameters()]
+    training_step(model, tokens, bf16=False, fused_adamw=False)()
+    assert all(not torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
+
+
+def test_chunked_clipped_softmax_peaks_far_below_the_naive_version() -> None:
+    """Measured in fresh processes: at T=2048 the naive (T x T) fp32 scores alone are 12 x 16 MiB."""
+    chunked = cpu_peak_bytes("clipped", 2048, 12, 64, 1)
+    naive = cpu_peak_bytes("clipped naive", 2048, 12, 64, 1)
+    assert 0 < chunked < naive / 2
+
+
+def test_an_existing_report_is_never_overwritten(tmp_path, capsys) -> None:
+    out = tmp_path / "bench.md"
+    out.write_text("earlier results")
+    with pytest.raises(SystemExit) as stopped:
+        bench_main(["--out", str(out), "--sections", "clipped"])
+    assert stopped.value.code != 0 and out.read_text() == "earlier results"
+    assert "exists" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_make_bench_writes_every_section(tmp_path) -> None:
+    out = tmp_path / "bench.md"
+    bench_main(
+        [
+            "--out",
+            str(out),
+            "--shapes",
+            "tiny",
+            "--batch",
+            "1",
+            "--attention",
+            "gated_sdpa",
+            "--lengths",
+            "256",
+            "--rounds",
+            "2",
+            "--stack-steps",
+            "5",
+            "--stack-repeats",
+            "1",
+        ]
+    )
+    text = out.read_text()
+    for heading in (
+        "Training step at the `tiny` shape",
+        "Attention variants",
+        "Clipped softmax core",
+        "Stack overhead",
+    ):
+        assert heading in text
+    for peer in ("nanogpt", "hf-sdpa", "hf-eager", "gated_sdpa"):
+        assert f"| {peer}" in text
