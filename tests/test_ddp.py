@@ -205,3 +205,22 @@ def test_an_fsdp_checkpoint_from_a_gpu_evaluates_in_one_cpu_process(tmp_path: Pa
     scores = lm._loglikelihood_tokens([(None, block[:1], block[1:]) for block in blocks], disable_tqdm=True)
     loss = -sum(logprob for logprob, _ in scores) / sum(len(block) - 1 for block in blocks)
     assert loss == pytest.approx(7.03018, rel=1e-4)
+
+
+def test_fsdp_wraps_each_block_and_is_refused_on_the_cpu(make_config) -> None:
+    """Lightning's FSDPStrategy needs GPUs, so FSDP cannot run in CI: what can be checked here is the wrapping it is
+    given (one unit per transformer block, recomputed in backward, a full state dict that loads anywhere) and that
+    asking for it on the CPU is one line naming the key, before anything starts."""
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    from attnlab.models.gpt import Block
+    from attnlab.training.strategies import fsdp
+
+    strategy = fsdp()
+    assert isinstance(strategy, FSDPStrategy) and strategy._state_dict_type == "full"
+    assert strategy.kwargs["auto_wrap_policy"]._module_classes == {Block}
+    assert strategy._activation_checkpointing_kwargs["auto_wrap_policy"]._module_classes == {Block}
+    assert strategy.kwargs["use_orig_params"]  # parameter names as in the model (optimizer groups, checkpoints)
+    with pytest.raises(ConfigError) as err:
+        run(make_config(["trainer=fsdp", "trainer.accelerator=cpu", *MICRO_MODEL]))
+    assert err.value.key == "trainer.accelerator"

@@ -14,7 +14,7 @@ import pickle
 import re
 import shutil
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -150,6 +150,14 @@ def check_trainer(trainer: DictConfig | dict[str, Any]) -> None:
         else:
             interval = typed(interval, int, "trainer.val_check_interval", allowed)
             require(interval > 0, "trainer.val_check_interval", f"{allowed}, got {interval}")
+    strategy = trainer.get("strategy")
+    if isinstance(strategy, Mapping) and str(strategy.get("_target_", "")).endswith("strategies.fsdp"):
+        require(
+            trainer.get("accelerator") in ("gpu", "cuda", "auto"),
+            "trainer.accelerator",
+            f"trainer=fsdp runs on GPUs only (Lightning's FSDPStrategy), got {trainer.get('accelerator')!r}; "
+            "on the CPU use trainer=ddp_cpu",
+        )
 
 
 def check_common(cfg: DictConfig) -> None:

@@ -151,11 +151,13 @@ def stack_section(args: argparse.Namespace, device: torch.device, progress: Prog
         }
         for row in rows
     ]
-    overheads = sorted(row["overhead"] for row in rows)
+    overheads = [row["overhead"] for row in rows]
     return (
         f"### Stack overhead: train.py against a bare loop ({args.stack_steps} steps of the default `tiny` model on "
         f"the embedded corpus, each timed from the start of fitting)\n\n{markdown(table)}\n\n"
-        f"Median overhead: {100 * overheads[len(overheads) // 2]:+.1f}% (bare loop tokens/s / train.py's - 1)."
+        f"Overhead (bare loop tokens/s / train.py's - 1): mean {100 * sum(overheads) / len(overheads):+.1f}% over "
+        f"{len(rows)} alternating pairs, from {100 * min(overheads):+.1f}% to {100 * max(overheads):+.1f}%: the two "
+        "run minutes apart in separate processes, so a machine whose speed drifts shows up here as spread."
     )
 
 
