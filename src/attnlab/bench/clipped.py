@@ -2,7 +2,8 @@
 sequence lengths: time of a forward and backward, and the peak memory it takes.
 
 The fused kernels cannot clip, so attnlab runs the exact math over chunks of queries (``chunk_size`` rows of
-scores at a time, recomputed in backward): memory grows linearly in T where the naive version's grows as T^2.
+scores at a time, recomputed in backward when there are several): memory grows linearly in T where the naive
+version's grows as T^2.
 CUDA peaks come from the allocator; on a CPU each case runs in a fresh process and the peak is the growth of its
 peak resident set (Linux's VmHWM, reset first) over one forward and backward.
 """
@@ -13,6 +14,7 @@ import multiprocessing
 import os
 from collections.abc import Callable
 from pathlib import Path
+from queue import Empty
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +25,7 @@ from attnlab.bench.timing import Contender, Progress, Timing, count_flops, peak_
 
 METHODS = ("sdpa", "clipped", "clipped naive")
 MMAP_THRESHOLD = "MALLOC_MMAP_THRESHOLD_"
+CHILD_TIMEOUT_S = 900  # one forward and backward; a child that died (out of memory, no /proc) answers never
 
 
 def attention_call(
@@ -84,8 +87,14 @@ def cpu_peak_bytes(method: str, length: int, heads: int, head_dim: int, batch: i
             del os.environ[MMAP_THRESHOLD]
         else:
             os.environ[MMAP_THRESHOLD] = earlier
-    peak = queue.get()
-    child.join()
+    try:
+        peak = queue.get(timeout=CHILD_TIMEOUT_S)
+    except Empty:
+        raise RuntimeError(
+            f"the memory probe for {method} at T={length} gave no answer (exit {child.exitcode})"
+        ) from None
+    finally:
+        child.join(timeout=CHILD_TIMEOUT_S)
     return peak
 
 

@@ -114,8 +114,8 @@ def training_step(
 ) -> Callable[[], None]:
     """Forward, next-token cross-entropy (fp32 logits), backward and an AdamW step: the same loss for everyone.
 
-    ``compile``: ``"model"`` compiles the model in place (what ``train.py compile=true`` does), ``"loss"`` the
-    forward and the loss as one graph (the cross-entropy fused with the logits' cast)."""
+    ``compile``: ``"model"`` compiles the model in place, ``"loss"`` the forward and the loss as one graph (the
+    cross-entropy fused with the logits' cast; what ``train.py compile=true`` does)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused_adamw or None)
     inputs, targets = tokens[:, :-1], tokens[:, 1:].flatten()
 

@@ -9,6 +9,7 @@ from contextlib import ExitStack
 from typing import Any
 
 import lightning as L
+import torch
 
 from attnlab.eval.analysis.outliers import OutlierStatistics
 from attnlab.nn_utils import forward_hooks
@@ -33,18 +34,28 @@ class OutlierMonitor(L.Callback):
     def on_validation_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
+        self._unhook()
         if self.statistics is not None and batch_idx < self.batches:
             self.hooked = ExitStack()
+            # compile=true: a graph compiled without hooks would be reused with them (dynamo skips hook guards)
+            self.hooked.enter_context(torch.compiler.set_stance("force_eager"))
             self.hooked.enter_context(forward_hooks(self.statistics.hooks()))
 
     def on_validation_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int, *args: Any
     ) -> None:
+        self._unhook()
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self._unhook()
+
+    def _unhook(self) -> None:
         if self.hooked is not None:
             self.hooked.close()
             self.hooked = None
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._unhook()
         if self.statistics is None or not self.statistics.sums or next(iter(self.statistics.sums.values()))[2] == 0:
             return
         stats = self.statistics.summary()
