@@ -13,10 +13,11 @@ def main(cfg: DictConfig) -> float | None:
     Training and evaluation are imported here, after Hydra's config checks, so a bad value fails in a second."""
     from functools import partial
 
-    from attnlab.console import log_once, print_config
+    from attnlab.console import log_once, no_logging_tracebacks, print_config
     from attnlab.training.run import main as run_training
 
     log_once()  # Lightning's lines once, not also through its own handler
+    no_logging_tracebacks()  # a signal's log line that collides with a write is dropped, not a traceback
     if cfg.get("print_config", True):
         print_config(cfg)
     evaluate = None

@@ -208,3 +208,27 @@ def test_cli_bad_value_is_one_line_and_writes_nothing(tmp_path: Path, override: 
     assert done.stderr.strip().splitlines()[-1].startswith(f"error: {key}: ")
     assert "Traceback" not in done.stderr
     assert [p for p in tmp_path.rglob("*") if p not in (tmp_path / "a", start)] == []
+
+
+def test_a_failed_log_write_prints_no_traceback(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """What a SIGTERM landing mid-write does to Lightning's "Received SIGTERM" line (its handler logs): the stream
+    raises "reentrant call". train.py drops that record instead of printing logging's traceback."""
+    import logging
+
+    from attnlab.console import no_logging_tracebacks
+
+    class Reentered:
+        def write(self, text: str) -> None:
+            raise RuntimeError("reentrant call inside <_io.BufferedWriter name='<stderr>'>")
+
+        def flush(self) -> None:
+            pass
+
+    logger = logging.getLogger("attnlab.test.reentrant")
+    logger.addHandler(logging.StreamHandler(Reentered()))
+    monkeypatch.setattr(logging, "raiseExceptions", True)
+    logger.error("received SIGTERM")
+    assert "Traceback" in capsys.readouterr().err  # what the stop message used to be interleaved with
+    no_logging_tracebacks()
+    logger.error("received SIGTERM")
+    assert capsys.readouterr().err == ""

@@ -26,6 +26,16 @@ def log_once() -> None:
         logger.propagate = True
 
 
+def no_logging_tracebacks() -> None:
+    """A run's log call that fails prints nothing instead of logging's ``--- Logging error ---`` traceback.
+
+    Lightning logs "Received SIGTERM" from inside its signal handler; when the signal lands while the main thread is
+    writing to the same stream, that write fails ("reentrant call") and logging would print a traceback between the
+    run's last lines and its one-line stop message. Losing that one line is the lesser harm (Python's logging docs
+    advise ``raiseExceptions = False`` for code that runs unattended)."""
+    logging.raiseExceptions = False
+
+
 def config_tree(cfg: DictConfig, title: str = "config"):
     """A ``rich.tree.Tree``: the top-level values first (one branch), then one branch per group, each as YAML."""
     from rich.tree import Tree
