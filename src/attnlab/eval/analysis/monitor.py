@@ -56,7 +56,7 @@ class OutlierMonitor(L.Callback):
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._unhook()
-        if self.statistics is None or not self.statistics.sums or next(iter(self.statistics.sums.values()))[2] == 0:
+        if self.statistics is None or self.statistics.sequences == 0:
             return
         stats = self.statistics.summary()
         pl_module.log_dict({f"outliers/{key}": float(stats[key]) for key in self.LOGGED}, sync_dist=True)

@@ -81,6 +81,11 @@ class OutlierStatistics:
         self.eps = eps
         self.sums = {name: torch.zeros(3, dtype=torch.float64) for name in self.modules}  # kurtosis, inf norm, rows
 
+    @property
+    def sequences(self) -> int:
+        """Sequences recorded so far (every hooked module sees each one)."""
+        return int(next(iter(self.sums.values()))[2])
+
     def hooks(self) -> list[tuple[nn.Module, Callable[..., None]]]:
         return [(module, self._recorder(name)) for name, module in self.modules.items()]
 
@@ -110,7 +115,7 @@ class OutlierStatistics:
             "max_inf_norm": max(norm.values()),
             "max_inf_norm_module": max(norm, key=norm.get),
             "inf_norm_mean": sum(norm.values()) / len(norm),
-            "sequences": int(next(iter(self.sums.values()))[2]),
+            "sequences": self.sequences,
         }
 
 
