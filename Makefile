@@ -44,7 +44,7 @@ format: $(STAMP)  ## ruff format and fix imports
 	$(VENV)/bin/ruff check --fix --select I .
 	$(VENV)/bin/ruff format .
 
-bench: $(STAMP)  ## attnlab's step vs HF GPT-2, litgpt and a nanoGPT-style model; variants; clipped softmax over T; train.py vs a bare loop -> experiments/results/bench/ (~35 min on 2 CPU cores; ARGS="--sections step" for one part)
+bench: $(STAMP)  ## attnlab's step vs HF GPT-2, litgpt and a nanoGPT-style model; variants; clipped softmax over T; train.py vs a bare loop; lm-eval adapter vs HFLM, KV-cache decoding vs HF generate -> experiments/results/bench/ (~40 min on 2 CPU cores; ARGS="--sections step" for one part)
 	$(PY) -c "import litgpt" 2>/dev/null || $(PY) -m pip install -q --no-deps litgpt==0.5.13  # its pins clash with transformers 5; its model needs only torch
 	$(PY) -m attnlab.bench --out experiments/results/bench/$$($(PY) -c "import torch; print('gpu' if torch.cuda.is_available() else 'cpu')")-$$(date +%Y%m%d-%H%M%S).md --compile $(ARGS)
 

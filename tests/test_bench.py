@@ -9,12 +9,28 @@ import torch
 
 from attnlab.bench.__main__ import main as bench_main
 from attnlab.bench.clipped import cpu_peak_bytes
+from attnlab.bench.evaluation import attnlab_greedy, benchmark_evaluation, hf_greedy, twin_models, workload
 from attnlab.bench.peers import PEERS, Shape, build_peer, litgpt_available, training_step
 from attnlab.bench.reference import ReferenceGPT
 from attnlab.bench.timing import Contender, Progress, count_flops, time_round_robin
+from attnlab.data.tokenizer import train_bpe_tokenizer
 from attnlab.models import build_gpt
 
 MICRO = Shape("micro", n_layer=2, n_head=2, n_embd=32, vocab_size=97, length=16, batch=2)
+EVAL_SHAPE = Shape("eval", n_layer=2, n_head=2, n_embd=32, vocab_size=320, length=64, batch=1)
+
+
+@pytest.fixture(scope="module")
+def documents() -> list[str]:
+    """Three 'articles' of random words: long enough for several loglikelihood stretches and rolling windows."""
+    rng = torch.Generator().manual_seed(0)
+    words = ("the", "a", "of", "attention", "head", "model", "gate", "value", "query", "key", "softmax", "sink")
+    return [" ".join(words[i] for i in torch.randint(len(words), (300,), generator=rng).tolist()) for _ in range(3)]
+
+
+@pytest.fixture(scope="module")
+def eval_tokenizer(documents):
+    return train_bpe_tokenizer(documents, vocab_size=300)
 
 
 def test_round_robin_shuffles_the_order_each_round_and_times_every_call() -> None:
@@ -82,6 +98,55 @@ def test_an_existing_report_is_never_overwritten(tmp_path, capsys) -> None:
     assert "exists" in capsys.readouterr().err
 
 
+def test_the_adapter_scores_what_lm_eval_hflm_scores_on_the_exported_weights(documents, eval_tokenizer) -> None:
+    """The evaluation benchmark compares like with like: same requests, same numbers to 1e-4 (fp32)."""
+    work = workload(documents, eval_tokenizer, n_loglikelihood=8, n_rolling=3, n_prompts=2, prompt_len=8)
+    adapter, _, reference = twin_models(EVAL_SHAPE, eval_tokenizer, batch_size=4, device=torch.device("cpu"))
+    ours = adapter.loglikelihood(work.loglikelihood, disable_tqdm=True)
+    theirs = reference.loglikelihood(work.loglikelihood, disable_tqdm=True)
+    assert [greedy for _, greedy in ours] == [greedy for _, greedy in theirs]
+    torch.testing.assert_close([ll for ll, _ in ours], [ll for ll, _ in theirs], atol=1e-4, rtol=0)
+    rolling = adapter.loglikelihood_rolling(work.rolling, disable_tqdm=True)
+    assert len(eval_tokenizer.encode(documents[0]).ids) > 2 * EVAL_SHAPE.length  # several windows per document
+    torch.testing.assert_close(
+        rolling, reference.loglikelihood_rolling(work.rolling, disable_tqdm=True), atol=1e-4, rtol=0
+    )
+
+
+def test_kv_cache_decoding_chooses_the_tokens_hf_generate_chooses(documents, eval_tokenizer) -> None:
+    work = workload(documents, eval_tokenizer, n_loglikelihood=1, n_rolling=1, n_prompts=3, prompt_len=8)
+    adapter, hf, _ = twin_models(EVAL_SHAPE, eval_tokenizer, batch_size=4, device=torch.device("cpu"))
+    for prompt in work.prompts:
+        ours = attnlab_greedy(adapter, prompt, 40)
+        assert len(ours) == 40 and ours == hf_greedy(hf, prompt, 40)
+        # the adapter's own generation path (stops at end-of-text) reads the same token stream
+        text = adapter.greedy_generate(prompt, 40, until=[])
+        expected = ours[: ours.index(adapter.eot_token_id)] if adapter.eot_token_id in ours else ours
+        assert text == adapter.tok_decode(expected)
+
+
+def test_the_evaluation_benchmark_reports_rates_and_agreement(documents, eval_tokenizer) -> None:
+    rows = benchmark_evaluation(
+        EVAL_SHAPE,
+        documents,
+        eval_tokenizer,
+        device=torch.device("cpu"),
+        n_loglikelihood=4,
+        n_rolling=1,
+        n_prompts=2,
+        prompt_len=8,
+        new_tokens=16,
+        batch_size=4,
+        rounds=1,
+        progress=Progress(),
+    )
+    assert [row["work"] for row in rows] == ["loglikelihood", "rolling log-likelihood", "greedy decoding"]
+    assert rows[2]["per call"] == "32 tokens" and rows[2]["results"] == "same tokens: 32 of 32"
+    assert all(float(row["attnlab speed-up"]) > 0 for row in rows)
+    with pytest.raises(ValueError, match=r"loglikelihood: \d+ of 1000"):
+        workload(documents, eval_tokenizer, n_loglikelihood=1000, n_rolling=1, n_prompts=1, prompt_len=8)
+
+
 @pytest.mark.slow
 def test_make_bench_writes_every_section(tmp_path) -> None:
     out = tmp_path / "bench.md"
@@ -103,6 +168,14 @@ def test_make_bench_writes_every_section(tmp_path) -> None:
             "5",
             "--stack-repeats",
             "1",
+            "--eval-requests",
+            "4",
+            "--eval-documents",
+            "1",
+            "--eval-prompts",
+            "1",
+            "--new-tokens",
+            "8",
         ]
     )
     text = out.read_text()
@@ -111,6 +184,7 @@ def test_make_bench_writes_every_section(tmp_path) -> None:
         "Attention variants",
         "Clipped softmax core",
         "Stack overhead",
+        "Evaluation on the same weights",
     ):
         assert heading in text
     for peer in ("nanogpt", "hf-sdpa", "hf-eager", "gated_sdpa"):

@@ -1,5 +1,6 @@
 """``python -m attnlab.bench`` (``make bench``): attnlab's training step against its peers, the attention
-variants against vanilla, clipped softmax against SDPA over T, and train.py against a bare loop.
+variants against vanilla, clipped softmax against SDPA over T, train.py against a bare loop, and evaluation (the
+lm-eval adapter and KV-cache decoding) against lm-eval's HFLM and HF ``generate``.
 
 Everything in one process is measured side by side (``attnlab.bench.timing``): ratios, not absolute times, are
 what carries over between machines. The report is a Markdown file that is never overwritten.
@@ -24,7 +25,7 @@ from attnlab.bench.stack import stack_overhead
 from attnlab.bench.timing import Contender, Progress, Timing, count_flops, gemm_probe, peak_memory, time_round_robin
 from attnlab.runs import SYNTHETIC_ONLY_ATTENTION
 
-SECTIONS = ("step", "variants", "clipped", "stack")
+SECTIONS = ("step", "variants", "clipped", "stack", "eval")
 GEMM_SIZE = {"cpu": 2048, "cuda": 8192}
 
 
@@ -161,6 +162,43 @@ def stack_section(args: argparse.Namespace, device: torch.device, progress: Prog
     )
 
 
+def eval_section(args: argparse.Namespace, device: torch.device, progress: Progress) -> str:
+    from attnlab.bench.evaluation import CONTEXT_WORDS, CONTINUATION_WORDS, benchmark_evaluation
+    from attnlab.data import TextDataModule
+
+    shape = SHAPES[args.eval_shape]
+    progress("evaluation: the embedded corpus's held-out documents and tokenizer")
+    data = TextDataModule(name="wiki_sample", source="wiki_sample", val_fraction=0.1, block_size=shape.length)
+    data.prepare()
+    documents = data.validation_documents()["text"]
+    rows = benchmark_evaluation(
+        shape,
+        documents,
+        data.tokenizer,
+        device=device,
+        n_loglikelihood=args.eval_requests,
+        n_rolling=args.eval_documents,
+        n_prompts=args.eval_prompts,
+        prompt_len=args.prompt_tokens,
+        new_tokens=args.new_tokens,
+        batch_size=args.eval_batch,
+        rounds=args.rounds,
+        progress=progress,
+    )
+    vocab = data.tokenizer.get_vocab_size()
+    return (
+        f"### Evaluation on the same weights at the `{shape.name}` shape (fp32 on {device.type}, lm-eval batch "
+        f"{args.eval_batch}, context {shape.length})\n\n{markdown(rows)}\n\n"
+        f"Requests from the embedded corpus's held-out articles (its {vocab}-token BPE): loglikelihood = a "
+        f"stretch of {CONTEXT_WORDS} words and the {CONTINUATION_WORDS} after it; rolling = whole articles "
+        f"in lm-eval's disjoint windows; greedy decoding = {args.eval_prompts} prompts of {args.prompt_tokens} "
+        f"tokens, {args.new_tokens} new tokens each, batch 1 (end-of-text does not stop either side). attnlab's "
+        "model is exported to `GPT2LMHeadModel` (SDPA attention) for the reference; speed-up = the reference's time "
+        "/ attnlab's. max abs diff: the largest difference of a request's summed log-probability between the sides "
+        "(relative: over that log-probability)."
+    )
+
+
 def with_batch(shape: Shape, batch: int | None) -> Shape:
     return shape if batch is None else Shape(**{**shape.__dict__, "batch": batch})
 
@@ -194,6 +232,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--stack-steps", type=int, default=100)
     parser.add_argument("--stack-repeats", type=int, default=3)
+    parser.add_argument("--eval-shape", choices=sorted(SHAPES), default="tiny")
+    parser.add_argument("--eval-requests", type=int, default=64, help="eval: loglikelihood requests per call")
+    parser.add_argument("--eval-documents", type=int, default=2, help="eval: documents (articles) per rolling call")
+    parser.add_argument("--eval-prompts", type=int, default=4, help="eval: prompts to continue per decoding call")
+    parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--eval-batch", type=int, default=8)
     parser.add_argument("--compile", action="store_true", help="step: also time torch.compile'd attnlab models")
     parser.add_argument("--compile-variants", action="store_true", help="variants: also time each one compiled")
     parser.add_argument("--fused-adamw", action="store_true", help="AdamW(fused=True) instead of foreach")
@@ -203,7 +248,13 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--out {args.out} exists; choose a new file (results are never overwritten)")
     device = torch.device(args.device)
     progress = Progress()
-    builders = {"step": step_section, "variants": variants_section, "clipped": clipped_section, "stack": stack_section}
+    builders = {
+        "step": step_section,
+        "variants": variants_section,
+        "clipped": clipped_section,
+        "stack": stack_section,
+        "eval": eval_section,
+    }
     header = (
         f"# attnlab benchmark: {device_name(device)}, torch {torch.__version__}, "
         f"{datetime.date.today().isoformat()}\n\n"

@@ -7,6 +7,8 @@ do not move with the batch size (tests check it). Rolling perplexity uses lm-eva
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from itertools import count, islice
 from typing import Any
 
 import torch
@@ -70,6 +72,18 @@ def resolve_device(device: str | None) -> torch.device:
         log.warning("device=%s requested but CUDA is not available: using the CPU", device)
         device = "cpu"
     return torch.device(device or "cpu")
+
+
+@torch.inference_mode()
+def greedy_tokens(model: GPT, context: list[int], device: torch.device) -> Iterator[int]:
+    """The greedy continuation of ``context``, one token per step from the KV cache, for as long as it is read: the
+    caller decides when to stop (end-of-text, a stop string, a budget), and no forward runs for an unread token."""
+    cache = model.new_cache()
+    logits = model(torch.tensor([context], device=device), start_pos=0, cache=cache)
+    for position in count(len(context)):
+        next_id = int(logits[0, -1].argmax())
+        yield next_id
+        logits = model(torch.tensor([[next_id]], device=device), start_pos=position, cache=cache)
 
 
 @register_model("attnlab")
@@ -194,24 +208,17 @@ class AttnlabLM(TemplateLM):
         return totals
 
     # ------------------------------------------------------------------ generation
-    @torch.inference_mode()
     def greedy_generate(self, context: list[int], max_new_tokens: int, until: list[str]) -> str:
         """Greedy decoding with the KV cache; stops at end-of-text, after ``max_new_tokens`` or at a stop string."""
-        cache = self.model.new_cache()
-        tokens = torch.tensor([context], device=self._device)
-        logits = self.model(tokens, start_pos=0, cache=cache)
         generated: list[int] = []
         text = ""
-        for _ in range(max_new_tokens):
-            next_id = int(logits[0, -1].argmax())
+        for next_id in islice(greedy_tokens(self.model, context, self._device), max_new_tokens):
             if next_id == self._eot:
                 break
             generated.append(next_id)
             text = self.tok_decode(generated)
             if any(stop in text for stop in until):
                 break
-            position = len(context) + len(generated) - 1
-            logits = self.model(torch.tensor([[next_id]], device=self._device), start_pos=position, cache=cache)
         for stop in until:
             text = text.split(stop)[0]
         return text
