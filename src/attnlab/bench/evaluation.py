@@ -20,7 +20,7 @@ from lm_eval.api.instance import Instance
 from tokenizers import Tokenizer
 from torch import nn
 
-from attnlab.bench.peers import Shape
+from attnlab.bench.peers import Shape, hf_gpt2_config
 from attnlab.bench.timing import Contender, Progress, time_round_robin
 from attnlab.data.tokenizer import eos_token_id
 from attnlab.eval.lm import AttnlabLM, greedy_tokens
@@ -84,21 +84,12 @@ def twin_models(
 ) -> tuple[AttnlabLM, nn.Module, object]:
     """attnlab's adapter, the HF GPT-2 holding the same weights, and lm-eval's ``HFLM`` around it."""
     from lm_eval.models.huggingface import HFLM
-    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+    from transformers import GPT2LMHeadModel, PreTrainedTokenizerFast
 
     torch.manual_seed(0)
     ours = build_gpt(shape.model_config(), {"name": "vanilla"}).eval()
     eot = eos_token_id(tokenizer)
-    config = GPT2Config(
-        vocab_size=shape.vocab_size,
-        n_positions=shape.length,
-        n_embd=shape.n_embd,
-        n_layer=shape.n_layer,
-        n_head=shape.n_head,
-        bos_token_id=eot,
-        eos_token_id=eot,
-        pad_token_id=eot,
-    )
+    config = hf_gpt2_config(shape, bos_token_id=eot, eos_token_id=eot, pad_token_id=eot)
     hf = GPT2LMHeadModel._from_config(config, attn_implementation="sdpa").eval()
     missing, unexpected = hf.load_state_dict(to_hf_state_dict(ours), strict=False)
     if unexpected or set(missing) - {"lm_head.weight"}:  # the head is tied to wte, which was loaded

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +18,9 @@ from torch import Tensor, nn
 
 from attnlab.bench.reference import ReferenceGPT
 from attnlab.models import build_gpt
+
+if TYPE_CHECKING:
+    from transformers import GPT2Config
 
 
 @dataclass(frozen=True)
@@ -60,21 +64,10 @@ def build_peer(name: str, shape: Shape, attention: str = "vanilla") -> nn.Module
     if name == "nanogpt":
         return ReferenceGPT(shape.n_layer, shape.n_head, shape.n_embd, shape.vocab_size, shape.length)
     if name.startswith("hf-"):
-        from transformers import GPT2Config, GPT2LMHeadModel
+        from transformers import GPT2LMHeadModel
 
-        config = GPT2Config(
-            vocab_size=shape.vocab_size,
-            n_positions=shape.length,
-            n_embd=shape.n_embd,
-            n_layer=shape.n_layer,
-            n_head=shape.n_head,
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
-            use_cache=False,
-            bos_token_id=None,  # GPT-2's 50256 is outside a smaller vocabulary (only generation reads them)
-            eos_token_id=None,
-        )
+        # GPT-2's token 50256 is outside a smaller vocabulary (only generation reads these)
+        config = hf_gpt2_config(shape, use_cache=False, bos_token_id=None, eos_token_id=None)
         return LogitsOf(GPT2LMHeadModel._from_config(config, attn_implementation=name.removeprefix("hf-")))
     if name == "litgpt":
         from litgpt.config import Config
@@ -96,6 +89,23 @@ def build_peer(name: str, shape: Shape, attention: str = "vanilla") -> nn.Module
         )
         return LitGPT(config)
     raise ValueError(f"unknown peer {name!r}; one of {PEERS}")
+
+
+def hf_gpt2_config(shape: Shape, **overrides: object) -> GPT2Config:
+    """HF GPT-2 at ``shape``, without dropout (attnlab's models train without it by default)."""
+    from transformers import GPT2Config
+
+    return GPT2Config(
+        vocab_size=shape.vocab_size,
+        n_positions=shape.length,
+        n_embd=shape.n_embd,
+        n_layer=shape.n_layer,
+        n_head=shape.n_head,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        **overrides,
+    )
 
 
 class LogitsOf(nn.Module):
