@@ -14,6 +14,7 @@ import io
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import islice
+from typing import TYPE_CHECKING
 
 import torch
 from lm_eval.api.instance import Instance
@@ -26,6 +27,9 @@ from attnlab.data.tokenizer import eos_token_id
 from attnlab.eval.lm import AttnlabLM, greedy_tokens
 from attnlab.models import build_gpt
 from attnlab.models.hf import to_hf_state_dict
+
+if TYPE_CHECKING:
+    from lm_eval.models.huggingface import HFLM
 
 CONTEXT_WORDS, CONTINUATION_WORDS = 48, 4  # a loglikelihood request: a stretch of text and the words after it
 
@@ -81,7 +85,7 @@ def workload(
 
 def twin_models(
     shape: Shape, tokenizer: Tokenizer, batch_size: int, device: torch.device
-) -> tuple[AttnlabLM, nn.Module, object]:
+) -> tuple[AttnlabLM, nn.Module, HFLM]:
     """attnlab's adapter, the HF GPT-2 holding the same weights, and lm-eval's ``HFLM`` around it."""
     from lm_eval.models.huggingface import HFLM
     from transformers import GPT2LMHeadModel, PreTrainedTokenizerFast
@@ -100,6 +104,7 @@ def twin_models(
     adapter = AttnlabLM(
         model=ours, tokenizer=tokenizer, batch_size=batch_size, device=str(device), max_length=shape.length
     )
+    # HFLM's logits cache only serves requests that share a context; every request here has its own
     reference = HFLM(
         pretrained=hf, tokenizer=hf_tokenizer, batch_size=batch_size, max_length=shape.length, logits_cache=False
     )
