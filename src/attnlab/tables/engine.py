@@ -75,6 +75,14 @@ class Engine:
         if self.scale not in scales:
             raise ConfigError("scale", f"one of {', '.join(scales)} (got {self.scale})")
         self.settings: dict[str, Any] = scales[self.scale]
+        rows = self.settings.get("rows") or {}
+        models = list(rows.values())
+        if not rows or len(set(models)) < len(models):
+            # a row inherited from a shared protocol beside the table's own would report the same cells twice
+            raise ConfigError(
+                f"table.scales.{self.scale}.rows",
+                f"one model per paper row, each model once (got {rows or 'none'})",
+            )
         from attnlab.tables.reports import REPORTS
 
         for report in self.table.get("reports") or []:
