@@ -21,7 +21,7 @@ from lightning.fabric.utilities.throughput import get_available_flops
 from attnlab.attention import available_attention
 from attnlab.bench.clipped import benchmark_clipped
 from attnlab.bench.peers import PEERS, SHAPES, Shape, build_peer, litgpt_available, training_step
-from attnlab.bench.stack import stack_overhead
+from attnlab.bench.stack import default_training, stack_overhead
 from attnlab.bench.timing import Contender, Progress, Timing, count_flops, gemm_probe, peak_memory, time_round_robin
 from attnlab.runs import SYNTHETIC_ONLY_ATTENTION
 
@@ -164,11 +164,10 @@ def stack_section(args: argparse.Namespace, device: torch.device, progress: Prog
 
 def eval_section(args: argparse.Namespace, device: torch.device, progress: Progress) -> str:
     from attnlab.bench.evaluation import CONTEXT_WORDS, CONTINUATION_WORDS, benchmark_evaluation
-    from attnlab.data import TextDataModule
 
     shape = SHAPES[args.eval_shape]
-    progress("evaluation: the embedded corpus's held-out documents and tokenizer")
-    data = TextDataModule(name="wiki_sample", source="wiki_sample", val_fraction=0.1, block_size=shape.length)
+    progress("evaluation: the embedded corpus's held-out documents and tokenizer (train.yaml's data)")
+    _, _, data = default_training([])
     data.prepare()
     documents = data.validation_documents()["text"]
     rows = benchmark_evaluation(

@@ -162,7 +162,7 @@ def benchmark_evaluation(
             len(work.loglikelihood),
             lambda: adapter.loglikelihood(work.loglikelihood, disable_tqdm=True),
             lambda: reference.loglikelihood(work.loglikelihood, disable_tqdm=True),
-            agreement,
+            loglikelihood_agreement,
         ),
         Pair(
             "rolling log-likelihood",
@@ -171,7 +171,7 @@ def benchmark_evaluation(
             len(work.rolling),
             lambda: adapter.loglikelihood_rolling(work.rolling, disable_tqdm=True),
             lambda: quiet(reference.loglikelihood_rolling, work.rolling),
-            agreement,
+            largest_difference,
         ),
         Pair(
             "greedy decoding",
@@ -216,18 +216,18 @@ def rate(per_second: float) -> str:
     return f"{per_second:,.1f}" if per_second >= 10 else f"{per_second:.3g}"
 
 
-def agreement(ours: list, theirs: list) -> str:
-    """Largest log-likelihood difference, absolute and relative to the request's log-likelihood (a rolling request
-    sums thousands of tokens), and (loglikelihood) how many greedy flags differ."""
-    ours_ll = [r[0] if isinstance(r, tuple) else r for r in ours]
-    theirs_ll = [r[0] if isinstance(r, tuple) else r for r in theirs]
-    worst = max(abs(a - b) for a, b in zip(ours_ll, theirs_ll, strict=True))
-    relative = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(ours_ll, theirs_ll, strict=True))
-    text = f"max abs diff {worst:.1e} (relative {relative:.0e})"
-    if ours and isinstance(ours[0], tuple):
-        flips = sum(a[1] != b[1] for a, b in zip(ours, theirs, strict=True))
-        text += f", greedy flags differ: {flips}"
-    return text
+def largest_difference(ours: list[float], theirs: list[float]) -> str:
+    """Largest log-likelihood difference, absolute and relative to the request's own (a rolling request sums
+    thousands of tokens)."""
+    pairs = list(zip(ours, theirs, strict=True))
+    worst = max(abs(a - b) for a, b in pairs)
+    relative = max(abs(a - b) / max(abs(b), 1e-12) for a, b in pairs)
+    return f"max abs diff {worst:.1e} (relative {relative:.0e})"
+
+
+def loglikelihood_agreement(ours: list[tuple[float, bool]], theirs: list[tuple[float, bool]]) -> str:
+    flips = sum(a[1] != b[1] for a, b in zip(ours, theirs, strict=True))
+    return f"{largest_difference([r[0] for r in ours], [r[0] for r in theirs])}, greedy flags differ: {flips}"
 
 
 def same_tokens(ours: list[list[int]], theirs: list[list[int]]) -> str:

@@ -17,9 +17,11 @@ from pathlib import Path
 
 import torch
 from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
 
 import attnlab.resolvers  # noqa: F401  (the config's resolvers)
 from attnlab.bench.timing import Progress
+from attnlab.data import TextDataModule
 from attnlab.models import build_gpt
 from attnlab.nn_utils import next_token_loss
 from attnlab.runs import plain
@@ -34,12 +36,17 @@ def train_py_tokens_per_s(overrides: list[str], run_dir: Path) -> float:
     return json.loads((run_dir / "results.json").read_text())["tokens_per_second"]
 
 
-def bare_loop_tokens_per_s(overrides: list[str], steps: int, device: torch.device) -> float:
+def default_training(overrides: list[str]) -> tuple[DictConfig, dict, TextDataModule]:
+    """``train.yaml`` with ``overrides``, its model config and its DataModule: what ``train.py`` would train on."""
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("train", overrides=overrides)
-    torch.manual_seed(cfg.seed)
     model_cfg = dict(plain(cfg.model))
-    datamodule = build_datamodule(cfg, model_cfg)
+    return cfg, model_cfg, build_datamodule(cfg, model_cfg)
+
+
+def bare_loop_tokens_per_s(overrides: list[str], steps: int, device: torch.device) -> float:
+    cfg, model_cfg, datamodule = default_training(overrides)
+    torch.manual_seed(cfg.seed)
     datamodule.prepare_data()
     started = time.perf_counter()
     datamodule.setup("fit")
