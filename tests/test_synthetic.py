@@ -3,6 +3,7 @@ multi-seed training, metrics, and each table end to end at a few steps."""
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 
@@ -29,8 +30,8 @@ from attnlab.synthetic.data import (
     transition_matrix,
 )
 from attnlab.synthetic.model import SyntheticAttentionModel
-from attnlab.synthetic.runs import Convergence, evaluate_graph, train_seeds
-from attnlab.synthetic.tables import paper_ordering, run, stopping
+from attnlab.synthetic.runs import Convergence, evaluate_graph, graph_values, train_seeds
+from attnlab.synthetic.tables import checkpoint_path, paper_ordering, run, stopping
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 EDGES = [[0, 1], [0, 2], [0, 3], [1, 4], [2, 5], [3, 6]]
@@ -45,6 +46,7 @@ def compose_synthetic(experiment: str, output_dir: Path):
     GlobalHydra.instance().clear()
     with open_dict(cfg):
         cfg.results_dir = str(output_dir)
+        cfg.checkpoint_dir = str(output_dir / "checkpoints")
     return cfg
 
 
@@ -294,6 +296,49 @@ def test_train_seeds_stops_at_the_first_settled_check_or_at_the_cap_and_says_whi
         train_seeds(lambda: SyntheticAttentionModel(8, LOOKUP, 8, 8, 8), [0], rule, 1e-2, None, F.cross_entropy)
 
 
+class Killed(Exception):
+    """Stands in for a SIGKILL in the middle of training."""
+
+
+def test_training_until_convergence_resumes_from_its_checkpoint_exactly(tmp_path: Path, caplog) -> None:
+    p = transition_matrix(8, EDGES)
+    rule = Convergence(check_every=3, window=2, loss_rtol=0, temperature_rtol=0, temperature_atol=0, max_steps=15)
+    build = lambda: SyntheticAttentionModel(8, LOOKUP, 8, vocab_size=8, num_outputs=8)
+    batch = lambda g: graph_batch(p, 16, g)
+    values = lambda model: graph_values(evaluate_graph(model, p))
+    checks = []
+
+    def dies_at_the_fourth_check(model: SyntheticAttentionModel) -> torch.Tensor:
+        checks.append(model)
+        if len(checks) > 2 * 3:  # two seeds: checks at steps 0, 3 and 6 went through, step 9 dies
+            raise Killed
+        return values(model)
+
+    def train(monitor, data=batch, checkpoint: Path | None = tmp_path / "run.pt"):
+        return train_seeds(build, [0, 1], rule, 1e-2, data, F.cross_entropy, monitor, checkpoint)
+
+    uninterrupted = train(values, checkpoint=None)
+    with pytest.raises(Killed):
+        train(dies_at_the_fourth_check)
+    assert torch.load(tmp_path / "run.pt", weights_only=True)["taken"] == 6
+    with caplog.at_level(logging.INFO, logger="attnlab.synthetic.runs"):
+        resumed = train(values)
+    assert f"resumed from {tmp_path / 'run.pt'} at step 6" in caplog.text
+    assert resumed.steps == uninterrupted.steps == 15 and resumed.settled == uninterrupted.settled
+    torch.testing.assert_close(resumed.history, uninterrupted.history, atol=0, rtol=0)
+    for after, before in zip(resumed.models, uninterrupted.models, strict=True):  # data and Adam state restored
+        for name, value in after.state_dict().items():
+            torch.testing.assert_close(value, before.state_dict()[name], atol=0, rtol=0, msg=name)
+
+    def no_more_data(generator: torch.Generator):
+        raise AssertionError("a finished run trained again")
+
+    again = train(values, data=no_more_data)  # the finished run's checkpoint answers at once
+    torch.testing.assert_close(again.history, uninterrupted.history, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="checkpoints are for training until convergence"):
+        train_seeds(build, [0], 3, 1e-2, batch, F.cross_entropy, checkpoint=tmp_path / "fixed.pt")
+
+
 def test_fixed_steps_training_is_unchanged() -> None:
     """The numbers of the fixed-step protocol (table1/default, table1/quick, Table 2) from before convergence-based
     stopping existed: 30 steps, seeds 0 and 1, lr 1e-2, batch 16."""
@@ -351,3 +396,11 @@ def test_table1_until_converged_reports_the_cap_and_the_trajectory(tmp_path: Pat
     assert last.T_1_option.mean() == pytest.approx(shown) and last.T_1_option.ne(1).all()
     assert (trajectory.cross_entropy - trajectory.kl).round(6).nunique() == 1  # CE - H(P*) with one H
     assert {p.name for p in tmp_path.iterdir()} >= {"trajectory.csv", "trajectory.png", "table1.md"}
+    saved = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert [name.rsplit("-", 1)[0] for name in saved] == ["table1-ssa", "table1-vanilla"]
+    first = (tmp_path / "table1.csv").read_text()
+    (tmp_path / "table1.csv").unlink()
+    run(cfg, paper_numbers.TABLE1)  # from the finished checkpoints
+    assert (tmp_path / "table1.csv").read_text() == first
+    cfg.optim.lr = 1e-3
+    assert checkpoint_path(cfg, "ssa").name not in saved  # another setting, another run

@@ -27,6 +27,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from attnlab.data.corpus import CORPUS_VERSION, wiki_sample_documents
 from attnlab.data.tokenizer import eos_token_id, load_pretrained_tokenizer, train_bpe_tokenizer
 from attnlab.defaults import CACHE_DIR, DATA_SEED
+from attnlab.digest import digest
 from attnlab.errors import ConfigError, require_choice
 from attnlab.hub import use_cache_only_if_offline
 
@@ -251,7 +252,7 @@ class TextDataModule(L.LightningDataModule):
     def _load_tokenizer(self, train_docs: Dataset | IterableDataset) -> Tokenizer:
         if self.tokenizer_name:
             return load_pretrained_tokenizer(self.tokenizer_name)
-        key = _digest({"data": self._identity(train_docs), "vocab": self.tokenizer_vocab_size})
+        key = digest({"data": self._identity(train_docs), "vocab": self.tokenizer_vocab_size})
         path = self.cache_dir / "tokenizers" / f"bpe-{key}.json"
         if path.exists():
             return Tokenizer.from_file(str(path))
@@ -298,7 +299,7 @@ class TextDataModule(L.LightningDataModule):
         )
 
     def _prepare_packed(self, train_docs: Dataset, val_docs: Dataset) -> None:
-        key = _digest(
+        key = digest(
             {
                 "v": CACHE_VERSION,
                 "train": self._identity(train_docs),
@@ -368,7 +369,3 @@ def _count_tokens(blocks: Dataset, vocab_size: int) -> np.ndarray:
     for batch in blocks.with_format("numpy").iter(batch_size=4096):
         counts += np.bincount(np.asarray(batch["input_ids"]).reshape(-1), minlength=vocab_size)
     return counts
-
-
-def _digest(value: Any) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -1,5 +1,6 @@
 """Training loops of the two synthetic tables: Adam at the paper's lr 1e-4, fresh samples every step, for a fixed
-number of steps or until the monitored values stop moving (``Convergence``).
+number of steps or until the monitored values stop moving (``Convergence``), which can take hours: that mode saves
+a checkpoint at every check and resumes from it, exactly.
 
 All seeds of one configuration train together: their parameters are stacked and the model runs under
 ``torch.func.vmap``. Adam is elementwise and the summed loss gives each seed its own gradient, so this is
@@ -9,9 +10,11 @@ exactly S independent runs (tested), at a fraction of the per-step Python overhe
 from __future__ import annotations
 
 import copy
+import logging
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,7 +35,9 @@ from attnlab.synthetic.data import (
     transition_matrix,
 )
 from attnlab.synthetic.model import SyntheticAttentionModel
+from attnlab.training.checkpointing import AtomicCheckpointIO
 
+log = logging.getLogger(__name__)
 Batch = Callable[[torch.Generator], tuple[Tensor, Tensor]]
 
 
@@ -105,10 +110,17 @@ def train_seeds(
     batch: Batch,
     loss: Callable[[Tensor, Tensor], Tensor],
     monitor: Callable[[SyntheticAttentionModel], Tensor] | None = None,
+    checkpoint: Path | None = None,
 ) -> Training:
     """One model per seed (init from ``torch.manual_seed(seed)``, data from its own generator), trained jointly,
     for ``steps`` steps or until ``steps`` (a ``Convergence``) says every seed's ``monitor`` values have settled.
-    The checks read the models without touching any generator, so the first n steps are the same in both modes."""
+    The checks read the models without touching any generator, so the first n steps are the same in both modes.
+
+    Until convergence, ``checkpoint`` (a file) is written atomically at every check: parameters, Adam's state, the
+    data generators and the checks so far. A run that finds it resumes where it stopped, with the same result as
+    an uninterrupted run; a killed run loses at most ``check_every`` steps. A finished run's file stays, so running
+    the same configuration again returns at once. The caller names the file after everything that determines
+    the training."""
     models = []
     for seed in seeds:
         torch.manual_seed(seed)
@@ -120,6 +132,11 @@ def train_seeds(
     generators = [torch.Generator().manual_seed(seed) for seed in seeds]
     optimizer = torch.optim.Adam(list(params.values()), lr=lr)
 
+    def unstack() -> None:
+        """Copy the stacked parameters into the per-seed models that the monitor and the caller read."""
+        for i, model in enumerate(models):
+            model.load_state_dict({name: value[i].detach() for name, value in params.items()}, strict=False)
+
     def fit(count: int) -> None:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*batching rule.*")  # SDPA under vmap: a loop, still exact
@@ -129,21 +146,43 @@ def train_seeds(
                 optimizer.zero_grad(set_to_none=True)
                 total.backward()
                 optimizer.step()
-        for i, model in enumerate(models):
-            model.load_state_dict({name: value[i].detach() for name, value in params.items()}, strict=False)
+        unstack()
 
     if isinstance(steps, int):
+        if checkpoint is not None:
+            raise ValueError("train_seeds: checkpoints are for training until convergence")
         fit(steps)
         return Training(models, steps, history=None, settled=None)
     if monitor is None:
         raise ValueError("train_seeds: training until convergence needs a monitor")
-    checks = [torch.stack([monitor(model) for model in models])]
-    taken, settled = 0, torch.zeros(len(models), dtype=torch.bool)
+    if checkpoint is not None and checkpoint.exists():
+        state = torch.load(checkpoint, weights_only=True)
+        with torch.no_grad():
+            for name, value in params.items():
+                value.copy_(state["params"][name])
+        optimizer.load_state_dict(state["optimizer"])
+        for generator, generator_state in zip(generators, state["generators"], strict=True):
+            generator.set_state(generator_state)
+        unstack()
+        checks, taken = list(state["checks"]), state["taken"]
+        log.info(f"resumed from {checkpoint} at step {taken} (any steps after it were lost with the stopped run)")
+    else:
+        checks, taken = [torch.stack([monitor(model) for model in models])], 0
+    settled = steps.settled(torch.stack(checks))
     while taken < steps.max_steps and not settled.all():
         fit(steps.check_every)
         taken += steps.check_every
         checks.append(torch.stack([monitor(model) for model in models]))
         settled = steps.settled(torch.stack(checks))
+        if checkpoint is not None:
+            state = {
+                "params": {name: value.detach() for name, value in params.items()},
+                "optimizer": optimizer.state_dict(),
+                "generators": [generator.get_state() for generator in generators],
+                "checks": torch.stack(checks),
+                "taken": taken,
+            }
+            AtomicCheckpointIO().save_checkpoint(state, checkpoint)
     return Training(models, taken, history=torch.stack(checks), settled=settled.tolist())
 
 
@@ -170,9 +209,11 @@ def train_graph(
     lr: float,
     seeds: Sequence[int],
     bias: bool = False,
+    checkpoint: Path | None = None,
 ) -> tuple[list[GraphRun], Training]:
     """Fit the 1-layer model to next-token prediction on the graph with cross-entropy (the paper's section 4.1).
-    Until convergence, the checks watch the exact cross-entropy and the learned temperatures (``graph_values``)."""
+    Until convergence, the checks watch the exact cross-entropy and the learned temperatures (``graph_values``),
+    and ``checkpoint`` makes the training resumable (``train_seeds``)."""
     transition = transition_matrix(nodes, edges)
     training = train_seeds(
         lambda: SyntheticAttentionModel(dim, attention, nodes, vocab_size=nodes, num_outputs=nodes, bias=bias),
@@ -182,6 +223,7 @@ def train_graph(
         lambda generator: graph_batch(transition, batch_size, generator),
         F.cross_entropy,
         monitor=lambda model: graph_values(evaluate_graph(model, transition)),
+        checkpoint=checkpoint,
     )
     return [evaluate_graph(model, transition) for model in training.models], training
 

@@ -16,6 +16,7 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from attnlab.digest import digest
 from attnlab.errors import require, require_choice
 from attnlab.synthetic.data import entropy, option_counts, transition_matrix
 from attnlab.synthetic.runs import (
@@ -117,6 +118,13 @@ def paper_ordering(temperatures: dict[int, list[float]], threshold: float) -> Or
     )
 
 
+def checkpoint_path(cfg: DictConfig, label: str) -> Path:
+    """Where one model's training until convergence checkpoints, named after everything that determines it."""
+    identity = {key: OmegaConf.to_container(cfg[key], resolve=True) for key in ("graph", "model", "optim", "seeds")}
+    identity["attention"] = OmegaConf.to_container(cfg.models[label], resolve=True)
+    return Path(cfg.checkpoint_dir) / f"{cfg.table}-{label}-{digest(identity)}.pt"
+
+
 def stopped(label: str, training: Training) -> str:
     """Where one model's joint training stopped, saying so plainly when the cap stopped it."""
     seeds = f"{sum(training.settled)} of {len(training.settled)} seeds converged"
@@ -142,6 +150,7 @@ def run_table1(cfg: DictConfig, paper: dict[str, Any]) -> pd.DataFrame:
             cfg.optim.lr,
             list(cfg.seeds),
             cfg.model.bias,
+            checkpoint=None if isinstance(steps, int) else checkpoint_path(cfg, label),
         )
     rows = []
     quantities = [  # (row label, RunResult field, paper column it compares with)

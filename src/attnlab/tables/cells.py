@@ -7,12 +7,12 @@ the same cell share it.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+
+from attnlab.digest import digest
 
 # What decides a run's numbers; logger, paths, progress bar, experiment name and checkpoint to resume do not.
 IDENTITY_KEYS = ("model", "attention", "data", "optim", "seed", "train_tokens", "cell_salt")
@@ -39,8 +39,7 @@ def identity(root: DictConfig) -> dict[str, Any]:
 
 def cell_name(root: DictConfig) -> str:
     """``<model>-<attention>-s<seed>-<hash>``: readable, and unique per identity."""
-    digest = hashlib.sha256(json.dumps(identity(root), sort_keys=True, default=str).encode()).hexdigest()[:10]
-    return f"{root.model.name}-{root.attention.name}-s{root.seed}-{digest}"
+    return f"{root.model.name}-{root.attention.name}-s{root.seed}-{digest(identity(root), 10)}"
 
 
 def cell_dir_resolver(*, _root_: DictConfig) -> str:
