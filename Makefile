@@ -48,7 +48,7 @@ bench: $(STAMP)  ## attnlab's step vs HF GPT-2, litgpt and a nanoGPT-style model
 	$(PY) -c "import litgpt" 2>/dev/null || $(PY) -m pip install -q --no-deps litgpt==0.5.13  # its pins clash with transformers 5; its model needs only torch
 	$(PY) -m attnlab.bench --out experiments/results/bench/$$($(PY) -c "import torch; print('gpu' if torch.cuda.is_available() else 'cpu')")-$$(date +%Y%m%d-%H%M%S).md --compile $(ARGS)
 
-reproduce-table1: $(STAMP)  ## SSA Table 1 / Figure 3 until converged, lr 1e-3 then the paper's 1e-4 (5 seeds; at most ~3.3 h on 2 busy cores: 75 steps/s, caps 40k + 400k) -> experiments/results/table1/converged*/
+reproduce-table1: $(STAMP)  ## SSA Table 1 / Figure 3 until converged, lr 1e-3 then the paper's 1e-4 (5 seeds; at most ~3.3 h on 2 busy cores: 75 steps/s, caps 40k + 400k; resumes from its checks) -> experiments/results/table1/converged*/
 	$(PY) experiments/reproduce_synthetic.py synthetic_table=table1/converged_lr1e-3 $(ARGS)
 	$(PY) experiments/reproduce_synthetic.py synthetic_table=table1/converged $(ARGS)
 
