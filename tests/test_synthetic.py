@@ -302,20 +302,31 @@ class Killed(Exception):
 
 def test_training_until_convergence_resumes_from_its_checkpoint_exactly(tmp_path: Path, caplog) -> None:
     p = transition_matrix(8, EDGES)
-    rule = Convergence(check_every=3, window=2, loss_rtol=0, temperature_rtol=0, temperature_atol=0, max_steps=15)
+    never_flat = dict(check_every=3, window=2, loss_rtol=0, temperature_rtol=0, temperature_atol=0)
     build = lambda: SyntheticAttentionModel(8, LOOKUP, 8, vocab_size=8, num_outputs=8)
     batch = lambda g: graph_batch(p, 16, g)
     values = lambda model: graph_values(evaluate_graph(model, p))
-    checks = []
+    monitored = []
 
     def dies_at_the_fourth_check(model: SyntheticAttentionModel) -> torch.Tensor:
-        checks.append(model)
-        if len(checks) > 2 * 3:  # two seeds: checks at steps 0, 3 and 6 went through, step 9 dies
+        monitored.append(model)
+        if len(monitored) > 2 * 3:  # two seeds: checks at steps 0, 3 and 6 went through, step 9 dies
             raise Killed
         return values(model)
 
-    def train(monitor, data=batch, checkpoint: Path | None = tmp_path / "run.pt"):
-        return train_seeds(build, [0, 1], rule, 1e-2, data, F.cross_entropy, monitor, checkpoint)
+    def no_more_data(generator: torch.Generator):
+        raise AssertionError("a finished run trained again")
+
+    def train(monitor, cap: int = 15, data=batch, checkpoint: Path | None = tmp_path / "run.pt", **rule):
+        steps = Convergence(**(never_flat | rule), max_steps=cap)
+        return train_seeds(build, [0, 1], steps, 1e-2, data, F.cross_entropy, monitor, checkpoint)
+
+    def assert_same(run, reference) -> None:
+        assert run.steps == reference.steps and run.settled == reference.settled
+        torch.testing.assert_close(run.history, reference.history, atol=0, rtol=0)
+        for after, before in zip(run.models, reference.models, strict=True):
+            for name, value in after.state_dict().items():
+                torch.testing.assert_close(value, before.state_dict()[name], atol=0, rtol=0, msg=name)
 
     uninterrupted = train(values, checkpoint=None)
     with pytest.raises(Killed):
@@ -324,17 +335,16 @@ def test_training_until_convergence_resumes_from_its_checkpoint_exactly(tmp_path
     with caplog.at_level(logging.INFO, logger="attnlab.synthetic.runs"):
         resumed = train(values)
     assert f"resumed from {tmp_path / 'run.pt'} at step 6" in caplog.text
-    assert resumed.steps == uninterrupted.steps == 15 and resumed.settled == uninterrupted.settled
-    torch.testing.assert_close(resumed.history, uninterrupted.history, atol=0, rtol=0)
-    for after, before in zip(resumed.models, uninterrupted.models, strict=True):  # data and Adam state restored
-        for name, value in after.state_dict().items():
-            torch.testing.assert_close(value, before.state_dict()[name], atol=0, rtol=0, msg=name)
+    assert_same(resumed, uninterrupted)  # the data generators and Adam's state were restored
+    assert_same(train(values, data=no_more_data), uninterrupted)  # a capped run's file answers at once
+    assert_same(train(values, cap=24), train(values, cap=24, checkpoint=None))  # a raised cap continues from 15
+    with pytest.raises(ConfigError, match=r"optim.convergence.max_steps: .* trained 24 steps, past the cap 9"):
+        train(values, cap=9)
 
-    def no_more_data(generator: torch.Generator):
-        raise AssertionError("a finished run trained again")
-
-    again = train(values, data=no_more_data)  # the finished run's checkpoint answers at once
-    torch.testing.assert_close(again.history, uninterrupted.history, atol=0, rtol=0)
+    settles = dict(loss_rtol=1.0, temperature_rtol=1.0, temperature_atol=1.0)  # flat within 100%: stops at step 6
+    converged = train(values, checkpoint=tmp_path / "settled.pt", **settles)
+    assert converged.converged and converged.steps == 6  # the first check with a full window
+    assert_same(train(values, data=no_more_data, checkpoint=tmp_path / "settled.pt", **settles), converged)
     with pytest.raises(ValueError, match="checkpoints are for training until convergence"):
         train_seeds(build, [0], 3, 1e-2, batch, F.cross_entropy, checkpoint=tmp_path / "fixed.pt")
 
@@ -376,7 +386,7 @@ def test_converged_configs_and_stopping() -> None:
         run(cfg, paper_numbers.TABLE2)
 
 
-def test_table1_until_converged_reports_the_cap_and_the_trajectory(tmp_path: Path) -> None:
+def test_table1_until_converged_reports_the_cap_and_the_trajectory(tmp_path: Path, caplog) -> None:
     cfg = compose_synthetic("table1/converged", tmp_path)
     cfg.seeds, cfg.optim.batch_size = [0, 1], 16
     cfg.optim.convergence.check_every, cfg.optim.convergence.max_steps = 10, 20
@@ -400,7 +410,11 @@ def test_table1_until_converged_reports_the_cap_and_the_trajectory(tmp_path: Pat
     assert [name.rsplit("-", 1)[0] for name in saved] == ["table1-ssa", "table1-vanilla"]
     first = (tmp_path / "table1.csv").read_text()
     (tmp_path / "table1.csv").unlink()
-    run(cfg, paper_numbers.TABLE1)  # from the finished checkpoints
+    with caplog.at_level(logging.INFO, logger="attnlab.synthetic.runs"):
+        run(cfg, paper_numbers.TABLE1)  # from the finished checkpoints
+    assert caplog.text.count("at step 20 (any steps after it") == 2
     assert (tmp_path / "table1.csv").read_text() == first
+    cfg.optim.convergence.max_steps, cfg.optim.steps = 40, 7
+    assert checkpoint_path(cfg, "ssa").name in saved  # the cap and the fixed-step budget do not name the run
     cfg.optim.lr = 1e-3
     assert checkpoint_path(cfg, "ssa").name not in saved  # another setting, another run

@@ -226,6 +226,7 @@ def largest_difference(ours: list[float], theirs: list[float]) -> str:
 
 
 def loglikelihood_agreement(ours: list[tuple[float, bool]], theirs: list[tuple[float, bool]]) -> str:
+    """``largest_difference`` of the log-likelihoods, and how many greedy flags differ (a flip changes accuracy)."""
     flips = sum(a[1] != b[1] for a, b in zip(ours, theirs, strict=True))
     return f"{largest_difference([r[0] for r in ours], [r[0] for r in theirs])}, greedy flags differ: {flips}"
 

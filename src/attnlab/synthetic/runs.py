@@ -119,8 +119,8 @@ def train_seeds(
     Until convergence, ``checkpoint`` (a file) is written atomically at every check: parameters, Adam's state, the
     data generators and the checks so far. A run that finds it resumes where it stopped, with the same result as
     an uninterrupted run; a killed run loses at most ``check_every`` steps. A finished run's file stays, so running
-    the same configuration again returns at once. The caller names the file after everything that determines
-    the training."""
+    the same configuration again returns at once, and a higher ``max_steps`` continues a capped run. The caller
+    names the file after everything else that determines the training and where it stops."""
     models = []
     for seed in seeds:
         torch.manual_seed(seed)
@@ -157,6 +157,12 @@ def train_seeds(
         raise ValueError("train_seeds: training until convergence needs a monitor")
     if checkpoint is not None and checkpoint.exists():
         state = torch.load(checkpoint, weights_only=True)
+        require(
+            state["taken"] <= steps.max_steps,
+            "optim.convergence.max_steps",
+            f"{checkpoint} has already trained {state['taken']} steps, past the cap {steps.max_steps}: raise the "
+            "cap, or move the file away to train this setting anew",
+        )
         with torch.no_grad():
             for name, value in params.items():
                 value.copy_(state["params"][name])
@@ -165,7 +171,7 @@ def train_seeds(
             generator.set_state(generator_state)
         unstack()
         checks, taken = list(state["checks"]), state["taken"]
-        log.info(f"resumed from {checkpoint} at step {taken} (any steps after it were lost with the stopped run)")
+        log.info("resumed from %s at step %d (any steps after it were lost with the stopped run)", checkpoint, taken)
     else:
         checks, taken = [torch.stack([monitor(model) for model in models])], 0
     settled = steps.settled(torch.stack(checks))

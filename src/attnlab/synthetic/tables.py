@@ -118,10 +118,23 @@ def paper_ordering(temperatures: dict[int, list[float]], threshold: float) -> Or
     )
 
 
+# Bump when the training code changes what a configuration trains to, so old checkpoints stop matching.
+CHECKPOINT_VERSION = 1
+
+
 def checkpoint_path(cfg: DictConfig, label: str) -> Path:
-    """Where one model's training until convergence checkpoints, named after everything that determines it."""
-    identity = {key: OmegaConf.to_container(cfg[key], resolve=True) for key in ("graph", "model", "optim", "seeds")}
-    identity["attention"] = OmegaConf.to_container(cfg.models[label], resolve=True)
+    """Where one model's training until convergence checkpoints, named after what decides its trajectory and the
+    stopping rule, but not the cap: raising ``max_steps`` continues a capped run instead of starting over."""
+    rule = {key: value for key, value in cfg.optim.convergence.items() if key != "max_steps"}
+    identity = {
+        "version": CHECKPOINT_VERSION,
+        "attention": OmegaConf.to_container(cfg.models[label], resolve=True),
+        "graph": OmegaConf.to_container(cfg.graph, resolve=True),
+        "model": OmegaConf.to_container(cfg.model, resolve=True),
+        "seeds": list(cfg.seeds),
+        "threads": cfg.threads,  # CPU reductions may depend on it; resuming is exact only with the same count
+        "optim": {"lr": cfg.optim.lr, "batch_size": cfg.optim.batch_size, "convergence": rule},
+    }
     return Path(cfg.checkpoint_dir) / f"{cfg.table}-{label}-{digest(identity)}.pt"
 
 
