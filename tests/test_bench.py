@@ -11,6 +11,7 @@ from attnlab.bench.__main__ import main as bench_main
 from attnlab.bench.clipped import cpu_peak_bytes
 from attnlab.bench.evaluation import attnlab_greedy, benchmark_evaluation, hf_greedy, twin_models, workload
 from attnlab.bench.peers import PEERS, Shape, build_peer, litgpt_available, training_step
+from attnlab.bench.profile import IDLE, category, profile_step
 from attnlab.bench.reference import ReferenceGPT
 from attnlab.bench.timing import Contender, Progress, count_flops, time_round_robin
 from attnlab.data.tokenizer import train_bpe_tokenizer
@@ -82,6 +83,32 @@ def test_every_peer_maps_ids_to_logits_and_trains(peer: str) -> None:
 
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="the CPU memory probe reads Linux's /proc")
+@pytest.mark.parametrize(
+    ("kernel", "expected"),
+    [
+        ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", "matrix products"),
+        ("aten::mm", "matrix products"),
+        ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26", "attention"),
+        ("triton_red_fused__log_softmax__to_copy__unsafe_view_mm_prepare_softmax_online_view_19", "cross-entropy"),
+        ("triton_per_fused__to_copy_add_native_layer_norm_backward_view_6", "norms"),
+        ("void at::native::multi_tensor_apply_kernel<FusedOptimizerTensorListMetadata>", "optimizer"),
+        ("triton_poi_fused_gelu_gelu_backward_view_5", "other (elementwise, fused, reductions)"),
+    ],
+)
+def test_kernels_are_grouped_by_what_they_compute(kernel: str, expected: str) -> None:
+    # a fused kernel's name lists "mm" among its operators without being a matrix product
+    assert category(kernel) == expected
+
+
+def test_the_profile_splits_a_steps_time_into_categories() -> None:
+    shape = Shape("t", 1, 2, 32, 64, 16, 2)
+    tokens = torch.randint(0, 64, (2, 17))
+    step = training_step(build_peer("attnlab", shape), tokens, bf16=False, fused_adamw=True)
+    wall, seconds = profile_step(step, torch.device("cpu"), 2)
+    assert wall > 0 and seconds["matrix products"] > 0 and seconds["attention"] > 0 and seconds["optimizer"] > 0
+    assert seconds[IDLE] >= 0 and sum(seconds.values()) >= wall
+
+
 def test_chunked_clipped_softmax_peaks_far_below_the_naive_version() -> None:
     """Measured in fresh processes: at T=2048 the naive (T x T) fp32 scores alone are 12 x 16 MiB."""
     chunked = cpu_peak_bytes("clipped", 2048, 12, 64, 1)
@@ -185,6 +212,7 @@ def test_make_bench_writes_every_section(tmp_path) -> None:
         "Clipped softmax core",
         "Stack overhead",
         "Evaluation on the same weights",
+        "Where the training step's time goes",
     ):
         assert heading in text
     for peer in ("nanogpt", "hf-sdpa", "hf-eager", "gated_sdpa"):

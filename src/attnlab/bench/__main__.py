@@ -1,6 +1,7 @@
 """``python -m attnlab.bench`` (``make bench``): attnlab's training step against its peers, the attention
 variants against vanilla, clipped softmax against SDPA over T, train.py against a bare loop, and evaluation (the
-lm-eval adapter and KV-cache decoding) against lm-eval's HFLM and HF ``generate``.
+lm-eval adapter and KV-cache decoding) against lm-eval's HFLM and HF ``generate``; and where a step's time goes
+(``profile``).
 
 Everything in one process is measured side by side (``attnlab.bench.timing``): ratios, not absolute times, are
 what carries over between machines. The report is a Markdown file that is never overwritten.
@@ -21,11 +22,12 @@ from lightning.fabric.utilities.throughput import get_available_flops
 from attnlab.attention import available_attention
 from attnlab.bench.clipped import benchmark_clipped
 from attnlab.bench.peers import PEERS, SHAPES, Shape, build_peer, litgpt_available, training_step
+from attnlab.bench.profile import CATEGORIES, IDLE, OTHER, profile_step
 from attnlab.bench.stack import default_training, stack_overhead
 from attnlab.bench.timing import Contender, Progress, Timing, count_flops, gemm_probe, peak_memory, time_round_robin
 from attnlab.runs import SYNTHETIC_ONLY_ATTENTION
 
-SECTIONS = ("step", "variants", "clipped", "stack", "eval")
+SECTIONS = ("step", "variants", "clipped", "stack", "eval", "profile")
 GEMM_SIZE = {"cpu": 2048, "cuda": 8192}
 
 
@@ -62,7 +64,7 @@ def step_section(args: argparse.Namespace, device: torch.device, progress: Progr
     parts = []
     peers = ["attnlab", *(p for p in args.peers if p != "attnlab" and (p != "litgpt" or litgpt_available()))]
     for shape_name in args.shapes:
-        shape = with_batch(SHAPES[shape_name], args.batch)
+        shape = resized(SHAPES[shape_name], args)
         contenders = []
         for peer in peers:
             progress(f"{shape.name}: building {peer}")
@@ -95,7 +97,7 @@ def step_section(args: argparse.Namespace, device: torch.device, progress: Progr
 
 
 def variants_section(args: argparse.Namespace, device: torch.device, progress: Progress) -> str:
-    shape = with_batch(SHAPES[args.variants_shape], args.batch)
+    shape = resized(SHAPES[args.variants_shape], args)
     language = [n for n in available_attention() if n not in SYNTHETIC_ONLY_ATTENTION]  # not the synthetic ones
     names = ["vanilla", *(n for n in args.attention or language if n != "vanilla")]
     contenders = []
@@ -198,8 +200,68 @@ def eval_section(args: argparse.Namespace, device: torch.device, progress: Progr
     )
 
 
-def with_batch(shape: Shape, batch: int | None) -> Shape:
-    return shape if batch is None else Shape(**{**shape.__dict__, "batch": batch})
+def profile_section(args: argparse.Namespace, device: torch.device, progress: Progress) -> str:
+    parts = []
+    for shape_name in args.shapes:
+        shape = resized(SHAPES[shape_name], args)
+        columns = {}
+        for compile in (None, "loss") if args.compile else (None,):
+            label = "attnlab compiled (model + loss)" if compile else "attnlab"
+            progress(f"{shape.name}: profiling {label}")
+            generator = torch.Generator().manual_seed(0)
+            tokens = torch.randint(0, shape.vocab_size, (shape.batch, shape.length + 1), generator=generator)
+            model = build_peer("attnlab", shape).to(device)
+            step = training_step(model, tokens.to(device), device.type == "cuda", args.fused_adamw, compile)
+            for _ in range(2):  # allocator, kernel choice, compilation
+                step()
+            columns[label] = profile_step(step, device, args.profile_steps)
+        found = {name for _, seconds in columns.values() for name in seconds}
+        names = [name for name in (*(label for label, _ in CATEGORIES), OTHER, IDLE) if name in found]
+        rows = [
+            {
+                "where the time goes": name,
+                **{
+                    f"{label}: {unit}": value
+                    for label, (wall, seconds) in columns.items()
+                    for unit, value in (
+                        ("ms/step", f"{1000 * seconds.get(name, 0.0) / args.profile_steps:,.1f}"),
+                        ("share", f"{100 * seconds.get(name, 0.0) / wall:.1f}%"),
+                    )
+                },
+            }
+            for name in names
+        ]
+        rows.append(
+            {
+                "where the time goes": "step (wall)",
+                **{
+                    f"{label}: {unit}": value
+                    for label, (wall, _) in columns.items()
+                    for unit, value in (("ms/step", f"{1000 * wall / args.profile_steps:,.1f}"), ("share", "100%"))
+                },
+            }
+        )
+        what, uncovered = (
+            ("kernels' GPU time", "launch gaps, Python, synchronisation")
+            if device.type == "cuda"
+            else ("ATen operators' own CPU time", "Python, and compiled code's own C++ kernels, which are no ATen ops")
+        )
+        parts.append(
+            f"### Where the training step's time goes at the `{shape.name}` shape (batch {shape.batch} x "
+            f"{shape.length} tokens, vocab {shape.vocab_size}, {args.profile_steps} profiled steps)\n\n"
+            f"{markdown(rows)}\n\n"
+            f"Time = the {what} under `torch.profiler`, grouped by name (`attnlab.bench.profile.CATEGORIES`; a "
+            f'compiled kernel counts under the first operator it fused that has a category). "{IDLE}" = the wall '
+            f"time none of those covered ({uncovered}). The profiler's own cost lengthens the wall "
+            "time: compare shares, and the step section for speed."
+        )
+    return "\n\n".join(parts)
+
+
+def resized(shape: Shape, args: argparse.Namespace) -> Shape:
+    """The shape with ``--batch`` and ``--vocab`` applied (a vocabulary padded to a multiple of 64, say)."""
+    changes = {"batch": args.batch, "vocab_size": args.vocab}
+    return Shape(**{**shape.__dict__, **{key: value for key, value in changes.items() if value is not None}})
 
 
 def dtype(device: torch.device) -> torch.dtype:
@@ -224,6 +286,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=["tiny", "gpt2"])
     parser.add_argument("--peers", nargs="+", choices=PEERS, default=list(PEERS))
     parser.add_argument("--batch", type=int, default=None, help="sequences per step (default: each shape's own)")
+    parser.add_argument("--vocab", type=int, default=None, help="vocabulary size (default: each shape's own)")
+    parser.add_argument("--profile-steps", type=int, default=5, help="profile: steps under the profiler")
     parser.add_argument("--attention", nargs="*", default=None, help="variants (default: all registered)")
     parser.add_argument("--variants-shape", choices=sorted(SHAPES), default="tiny")
     parser.add_argument("--lengths", nargs="+", type=int, default=[256, 512, 1024, 2048, 4096])
@@ -253,6 +317,7 @@ def main(argv: list[str] | None = None) -> None:
         "clipped": clipped_section,
         "stack": stack_section,
         "eval": eval_section,
+        "profile": profile_section,
     }
     header = (
         f"# attnlab benchmark: {device_name(device)}, torch {torch.__version__}, "
