@@ -364,9 +364,12 @@ def test_paper_ordering_is_computed_from_the_temperatures() -> None:
     assert "**appears**" in paper.describe() and "0.002 < 0.019 < 0.152 < 0.751" in paper.describe()
     ours = paper_ordering({1: [0.5, 0.52], 2: [0.45, 0.43], 3: [0.7, 0.74], 4: [1.0, 1.1]}, 0.05)  # 20k steps
     assert not ours.monotone and not ours.near_zero and ours.monotone_seeds == 0
+    assert ours.monotone_seeds_past_fewest == 2  # 2 < 3 < 4 options in both seeds: only T(1 option) is out of order
     assert "**does not appear**" in ours.describe() and "not near zero" in ours.describe()
+    assert "0 of 2 seeds monotone, 2 of 2 without the 1-option group" in ours.describe()
     monotone = paper_ordering({1: [0.3, 0.2], 2: [0.4, 0.2], 3: [0.5, 0.6], 4: [1.0, 1.0]}, 0.05)
     assert monotone.monotone and monotone.monotone_seeds == 1 and not monotone.appears  # T(1) / T(4) = 0.25
+    assert monotone.monotone_seeds_past_fewest == 2  # seed 2 fails only at T(1) = T(2)
     sharp = paper_ordering({1: [0.001, 0.003], 2: [0.4, 0.1], 3: [0.5, 0.6], 4: [1.0, 1.0]}, 0.05)
     assert sharp.appears and "<= 0.05: near zero" in sharp.describe()
 

@@ -72,6 +72,7 @@ class Ordering:
     options: list[int]  # numbers of options, increasing
     means: list[float]  # mean temperature over seeds, per number of options
     monotone_seeds: int  # seeds whose own temperatures strictly increase with the number of options
+    monotone_seeds_past_fewest: int  # the same, leaving out the fewest-options group (is it alone out of order?)
     seeds: int
     threshold: float  # T(fewest) / T(most options) counts as near zero at or below this
 
@@ -100,7 +101,8 @@ class Ordering:
             f"Paper's ordering (T increasing with the number of options, T({few} option) near zero): "
             f"**{'appears' if self.appears else 'does not appear'}**. Monotone in the seed means: "
             f"{'yes' if self.monotone else 'no'} ({chain} for {', '.join(map(str, self.options))} options; "
-            f"{self.monotone_seeds} of {self.seeds} seeds monotone); T({few}) / T({most}) = {self.ratio:.3g}, "
+            f"{self.monotone_seeds} of {self.seeds} seeds monotone, {self.monotone_seeds_past_fewest} of {self.seeds} "
+            f"without the {few}-option group); T({few}) / T({most}) = {self.ratio:.3g}, "
             f"{'<= ' if self.near_zero else '> '}{self.threshold:g}: {'' if self.near_zero else 'not '}near zero."
         )
 
@@ -113,6 +115,7 @@ def paper_ordering(temperatures: dict[int, list[float]], threshold: float) -> Or
         options=options,
         means=by_options.mean(dim=1).tolist(),
         monotone_seeds=int(by_options.diff(dim=0).gt(0).all(dim=0).sum()),
+        monotone_seeds_past_fewest=int(by_options[1:].diff(dim=0).gt(0).all(dim=0).sum()),
         seeds=by_options.shape[1],
         threshold=threshold,
     )
