@@ -14,6 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 import torch
+from matplotlib.ticker import FuncFormatter
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.digest import digest
@@ -265,8 +266,11 @@ def plot_trajectories(trajectory: pd.DataFrame, path: Path) -> None:
         temperature_axis.plot(curve.step, curve[column], label=column.removeprefix("T_").replace("_", " "))
     loss_axis.set(xlabel="step", ylabel="CE - H(P*) (mean over seeds)", yscale="log")
     temperature_axis.set(xlabel="step", ylabel="learned temperature T (mean over seeds)", yscale="log")
+    thousands = FuncFormatter(lambda step, _: f"{step / 1000:g}k" if step else "0")  # 400000 steps overlap
     for axis in (loss_axis, temperature_axis):
         axis.legend()
+        axis.xaxis.set_major_formatter(thousands)
+    figure.tight_layout()
     figure.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(figure)
 
