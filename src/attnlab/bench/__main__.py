@@ -22,7 +22,7 @@ from lightning.fabric.utilities.throughput import get_available_flops
 from attnlab.attention import available_attention
 from attnlab.bench.clipped import benchmark_clipped
 from attnlab.bench.peers import PEERS, SHAPES, Shape, build_peer, litgpt_available, training_step
-from attnlab.bench.profile import CATEGORIES, IDLE, OTHER, profile_step
+from attnlab.bench.profile import CATEGORIES, IDLE, OTHER, category, profile_step
 from attnlab.bench.stack import default_training, stack_overhead
 from attnlab.bench.timing import Contender, Progress, Timing, count_flops, gemm_probe, peak_memory, time_round_robin
 from attnlab.runs import SYNTHETIC_ONLY_ATTENTION
@@ -204,7 +204,7 @@ def profile_section(args: argparse.Namespace, device: torch.device, progress: Pr
     parts = []
     for shape_name in args.shapes:
         shape = resized(SHAPES[shape_name], args)
-        columns = {}
+        profiles = {}
         for compile in (None, "loss") if args.compile else (None,):
             label = "attnlab compiled (model + loss)" if compile else "attnlab"
             progress(f"{shape.name}: profiling {label}")
@@ -214,18 +214,20 @@ def profile_section(args: argparse.Namespace, device: torch.device, progress: Pr
             step = training_step(model, tokens.to(device), device.type == "cuda", args.fused_adamw, compile)
             for _ in range(2):  # allocator, kernel choice, compilation
                 step()
-            columns[label] = profile_step(step, device, args.profile_steps)
-        found = {name for _, seconds in columns.values() for name in seconds}
+            profiles[label] = profile_step(step, device, args.profile_steps)
+        per_step = 1000 / args.profile_steps  # seconds over the profiled steps -> ms per step
+        categories = {label: profile.by_category() for label, profile in profiles.items()}
+        found = {name for seconds in categories.values() for name in seconds}
         names = [name for name in (*(label for label, _ in CATEGORIES), OTHER, IDLE) if name in found]
         rows = [
             {
                 "where the time goes": name,
                 **{
                     f"{label}: {unit}": value
-                    for label, (wall, seconds) in columns.items()
+                    for label, seconds in categories.items()
                     for unit, value in (
-                        ("ms/step", f"{1000 * seconds.get(name, 0.0) / args.profile_steps:,.1f}"),
-                        ("share", f"{100 * seconds.get(name, 0.0) / wall:.1f}%"),
+                        ("ms/step", f"{per_step * seconds.get(name, 0.0):,.1f}"),
+                        ("share", f"{100 * seconds.get(name, 0.0) / profiles[label].wall_s:.1f}%"),
                     )
                 },
             }
@@ -236,11 +238,22 @@ def profile_section(args: argparse.Namespace, device: torch.device, progress: Pr
                 "where the time goes": "step (wall)",
                 **{
                     f"{label}: {unit}": value
-                    for label, (wall, _) in columns.items()
-                    for unit, value in (("ms/step", f"{1000 * wall / args.profile_steps:,.1f}"), ("share", "100%"))
+                    for label, profile in profiles.items()
+                    for unit, value in (("ms/step", f"{per_step * profile.wall_s:,.1f}"), ("share", "100%"))
                 },
             }
         )
+        longest = [
+            {
+                "contender": label,
+                "kernel": name if len(name) <= 100 else name[:97] + "...",
+                "category": category(name),
+                "ms/step": f"{per_step * seconds:,.2f}",
+                "share": f"{100 * seconds / profile.wall_s:.1f}%",
+            }
+            for label, profile in profiles.items()
+            for name, seconds in profile.longest(args.profile_kernels)
+        ]
         what, uncovered = (
             ("kernels' GPU time", "launch gaps, Python, synchronisation")
             if device.type == "cuda"
@@ -250,10 +263,10 @@ def profile_section(args: argparse.Namespace, device: torch.device, progress: Pr
             f"### Where the training step's time goes at the `{shape.name}` shape (batch {shape.batch} x "
             f"{shape.length} tokens, vocab {shape.vocab_size}, {args.profile_steps} profiled steps)\n\n"
             f"{markdown(rows)}\n\n"
-            f"Time = the {what} under `torch.profiler`, grouped by name (`attnlab.bench.profile.CATEGORIES`; a "
-            f'compiled kernel counts under the first operator it fused that has a category). "{IDLE}" = the wall '
-            f"time none of those covered ({uncovered}). The profiler's own cost lengthens the wall "
-            "time: compare shares, and the step section for speed."
+            f"Time = the {what} under `torch.profiler`, grouped by name: a kernel counts under the first category "
+            f'of `attnlab.bench.profile.CATEGORIES` its name matches. "{IDLE}" = the wall time none of those covered '
+            f"({uncovered}). The profiler's own cost lengthens the wall time: compare shares, and the step section "
+            f"for speed.\n\nThe longest kernels of each:\n\n{markdown(longest)}"
         )
     return "\n\n".join(parts)
 
@@ -288,6 +301,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=None, help="sequences per step (default: each shape's own)")
     parser.add_argument("--vocab", type=int, default=None, help="vocabulary size (default: each shape's own)")
     parser.add_argument("--profile-steps", type=int, default=5, help="profile: steps under the profiler")
+    parser.add_argument("--profile-kernels", type=int, default=10, help="profile: longest kernels listed")
     parser.add_argument("--attention", nargs="*", default=None, help="variants (default: all registered)")
     parser.add_argument("--variants-shape", choices=sorted(SHAPES), default="tiny")
     parser.add_argument("--lengths", nargs="+", type=int, default=[256, 512, 1024, 2048, 4096])
@@ -302,11 +316,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--eval-batch", type=int, default=8)
-    parser.add_argument("--compile", action="store_true", help="step: also time torch.compile'd attnlab models")
+    parser.add_argument("--compile", action="store_true", help="step, profile: also compiled attnlab models")
     parser.add_argument("--compile-variants", action="store_true", help="variants: also time each one compiled")
     parser.add_argument("--fused-adamw", action="store_true", help="AdamW(fused=True) instead of foreach")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
+    if args.profile_steps < 1:
+        parser.error(f"--profile-steps {args.profile_steps}: at least 1")
     if args.out.exists():
         parser.error(f"--out {args.out} exists; choose a new file (results are never overwritten)")
     device = torch.device(args.device)
