@@ -106,3 +106,38 @@ def test_the_end_of_fit_is_validated_and_saved_whatever_the_intervals(make_confi
     best = torch.load(results["best_checkpoint"], weights_only=False)
     assert best["global_step"] == 13  # validated at the end: the loss still falls, so the last model is the best
     assert [p.name for p in (out / "checkpoints").iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_save_that_fails_after_a_crash_keeps_the_crash_and_the_last_checkpoint(
+    make_config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The emergency save on an exception can fail too (FSDP could not gather its optimizer state after a crash
+    inside its forward): the run's own error must surface, and the last periodic checkpoint stay as it was."""
+    from lightning.pytorch.strategies import Strategy
+
+    from attnlab.training.module import LanguageModel
+    from attnlab.training.run import run
+    from tests.conftest import MICRO_DATA, MICRO_MODEL
+
+    training_step, optimizer_state = LanguageModel.training_step, Strategy.optimizer_state
+
+    def crashing_step(self: LanguageModel, batch: dict, batch_idx: int) -> torch.Tensor:
+        if self.trainer.global_step == 6:
+            raise RuntimeError("the run's own failure")
+        return training_step(self, batch, batch_idx)
+
+    def ungatherable_state(self: Strategy, optimizer: torch.optim.Optimizer) -> dict:
+        if self.lightning_module.trainer.global_step == 6:
+            raise KeyError("Parameter containing: tensor(...)")
+        return optimizer_state(self, optimizer)
+
+    monkeypatch.setattr(LanguageModel, "training_step", crashing_step)
+    monkeypatch.setattr(Strategy, "optimizer_state", ungatherable_state)
+    quiet = ["trainer=cpu", "callbacks.progress_bar.refresh_rate=0", "trainer.limit_val_batches=2"]
+    steps = ["trainer.max_steps=20", "trainer.val_check_interval=50", "callbacks.last_checkpoint.every_n_train_steps=4"]
+    with (
+        pytest.warns(UserWarning, match="Could not save step 6 after RuntimeError: KeyError: .*last.ckpt holds step 4"),
+        pytest.raises(RuntimeError, match="the run's own failure"),
+    ):
+        run(make_config([*MICRO_MODEL, *MICRO_DATA, *quiet, *steps], tmp_path / "run"))
+    assert torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 4

@@ -22,7 +22,7 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 
 class CheckpointWriteError(OSError):
@@ -125,7 +125,15 @@ class LastCheckpoint(ModelCheckpoint):
 
         if isinstance(exception, NonFiniteError | CheckpointWriteError) or trainer.global_step == 0:
             return  # keep the last finite (and complete) checkpoint as it is
-        self.save_last_now(trainer)
+        try:
+            self.save_last_now(trainer)
+        except Exception as failure:  # the run's own exception is what to report; a failed save must not replace it
+            # (FSDP's optimizer state cannot be gathered after a crash inside its forward: H100, 2026-11-22)
+            kept = f"last.ckpt holds step {self._last_global_step_saved}" if self.last_model_path else "no checkpoint"
+            rank_zero_warn(
+                f"Could not save step {trainer.global_step} after {type(exception).__name__}: "
+                f"{type(failure).__name__}: {failure}; {kept}"
+            )
 
     def save_last_now(self, trainer: L.Trainer) -> None:
         """Save ``last.ckpt`` unless this step is already on disk (or the run is a fast_dev_run)."""
