@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -31,7 +32,7 @@ from attnlab.synthetic.data import (
 )
 from attnlab.synthetic.model import SyntheticAttentionModel
 from attnlab.synthetic.runs import Convergence, evaluate_graph, graph_values, train_seeds
-from attnlab.synthetic.tables import checkpoint_path, paper_ordering, run, stopping
+from attnlab.synthetic.tables import checkpoint_path, paired_effects, paper_ordering, run, stopping
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 EDGES = [[0, 1], [0, 2], [0, 3], [1, 4], [2, 5], [3, 6]]
@@ -223,6 +224,23 @@ def test_table1_quick(tmp_path: Path) -> None:
     text = (tmp_path / "table1.md").read_text()
     assert "0.358" in text and "2 seeds, 30 Adam steps (lr 0.0001, batch 16)" in text
     assert "Paper's ordering" in text and "until converged" not in text
+    assert "SSA minus vanilla, paired by seed" in text and "paper -0.0036" in text and "paper -0.185" in text
+
+
+def test_the_ssa_effect_is_paired_by_seed_with_an_interval_and_a_verdict() -> None:
+    def runs(ssa_kl: list[float]) -> dict[str, list[SimpleNamespace]]:
+        vanilla = [SimpleNamespace(kl=kl, err_transition=0.5) for kl in (0.010, 0.020, 0.030)]
+        return {"vanilla": vanilla, "ssa": [SimpleNamespace(kl=kl, err_transition=0.5) for kl in ssa_kl]}
+
+    # seed to seed the models differ by more than they differ from each other: pairing is what resolves it
+    lower = paired_effects(runs([0.009, 0.0188, 0.0291]), paper_numbers.TABLE1)
+    assert "CE - H(P*): -0.00103" in lower and "lower in 3 of 3 seeds; paper -0.0036: **reproduces**" in lower
+    higher = paired_effects(runs([0.011, 0.0212, 0.0309]), paper_numbers.TABLE1)
+    assert "paper -0.0036: **opposite**" in higher
+    mixed = paired_effects(runs([0.009, 0.021, 0.030]), paper_numbers.TABLE1)
+    assert "lower in 1 of 3 seeds; paper -0.0036: **inconclusive**" in mixed
+    assert "sum |G - P*|: +0, 95% interval [+0, +0]" in mixed and "paper -0.185: **inconclusive**" in mixed
+    assert paired_effects({"ssa": runs([0.0, 0.0, 0.0])["ssa"]}, paper_numbers.TABLE1) == ""
 
 
 def test_table2_quick(tmp_path: Path) -> None:
