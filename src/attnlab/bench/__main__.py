@@ -36,13 +36,18 @@ def contender(
 ) -> Contender:
     """A training step of ``model`` on fixed random tokens, its FLOPs counted on the eager model (compiled code
     bypasses the counter) and (CUDA) its memory peak taken."""
-    generator = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, shape.vocab_size, (shape.batch, shape.length + 1), generator=generator).to(device)
+    tokens = fixed_tokens(shape, device)
     bf16 = device.type == "cuda"
     flops = count_flops(training_step(model, tokens, bf16, fused))
     step = training_step(model, tokens, bf16, fused, compile)
     step()  # allocator, kernel choice, compilation
     return Contender(name, step, flops=flops, peak_bytes=peak_memory(step, device))
+
+
+def fixed_tokens(shape: Shape, device: torch.device) -> torch.Tensor:
+    """The same random (batch, length + 1) ids for every model measured at ``shape``."""
+    generator = torch.Generator().manual_seed(0)
+    return torch.randint(0, shape.vocab_size, (shape.batch, shape.length + 1), generator=generator).to(device)
 
 
 def timing_row(timing: Timing, base: Timing, shape: Shape, gemm: Timing | None, peak: float | None) -> dict:
@@ -208,10 +213,8 @@ def profile_section(args: argparse.Namespace, device: torch.device, progress: Pr
         for compile in (None, "loss") if args.compile else (None,):
             label = "attnlab compiled (model + loss)" if compile else "attnlab"
             progress(f"{shape.name}: profiling {label}")
-            generator = torch.Generator().manual_seed(0)
-            tokens = torch.randint(0, shape.vocab_size, (shape.batch, shape.length + 1), generator=generator)
             model = build_peer("attnlab", shape).to(device)
-            step = training_step(model, tokens.to(device), device.type == "cuda", args.fused_adamw, compile)
+            step = training_step(model, fixed_tokens(shape, device), device.type == "cuda", args.fused_adamw, compile)
             for _ in range(2):  # allocator, kernel choice, compilation
                 step()
             profiles[label] = profile_step(step, device, args.profile_steps)

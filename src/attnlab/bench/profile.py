@@ -48,7 +48,8 @@ class StepProfile:
         """Seconds per category, and the wall time no kernel covered as ``IDLE``."""
         seconds: dict[str, float] = {}
         for name, own in self.kernels.items():
-            seconds[category(name)] = seconds.get(category(name), 0.0) + own
+            label = category(name)
+            seconds[label] = seconds.get(label, 0.0) + own
         seconds[IDLE] = max(self.wall_s - sum(seconds.values()), 0.0)
         return seconds
 

@@ -121,7 +121,7 @@ class LastCheckpoint(ModelCheckpoint):
         self.save_last_now(trainer)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        from attnlab.training.guards import NonFiniteError
+        from attnlab.training.guards import NonFiniteError, describe_last_checkpoint
 
         if isinstance(exception, NonFiniteError | CheckpointWriteError) or trainer.global_step == 0:
             return  # keep the last finite (and complete) checkpoint as it is
@@ -129,10 +129,9 @@ class LastCheckpoint(ModelCheckpoint):
             self.save_last_now(trainer)
         except Exception as failure:  # the run's own exception is what to report; a failed save must not replace it
             # (FSDP's optimizer state cannot be gathered after a crash inside its forward: H100, 2026-11-22)
-            kept = f"last.ckpt holds step {self._last_global_step_saved}" if self.last_model_path else "no checkpoint"
             rank_zero_warn(
                 f"Could not save step {trainer.global_step} after {type(exception).__name__}: "
-                f"{type(failure).__name__}: {failure}; {kept}"
+                f"{type(failure).__name__}: {failure}; {describe_last_checkpoint(trainer)}"
             )
 
     def save_last_now(self, trainer: L.Trainer) -> None:

@@ -89,7 +89,7 @@ class ValidateAtEnd(Callback):
             trainer.should_stop = True  # Lightning validates when a stop is requested (training_epoch_loop)
 
 
-def _last_checkpoint(trainer: L.Trainer, note: str = "") -> str:
+def describe_last_checkpoint(trainer: L.Trainer, note: str = "") -> str:
     """Where the latest complete state is, in words."""
     path = last_checkpoint_path(trainer)
     if path is None:
@@ -105,15 +105,18 @@ def stop_cleanly(trainer: L.Trainer) -> Iterator[None]:
         yield
     except SIGTERMException as exc:
         raise RunStopped(
-            f"trainer: stopped by SIGTERM at step {trainer.global_step}; {_last_checkpoint(trainer)}", interrupted=True
+            f"trainer: stopped by SIGTERM at step {trainer.global_step}; {describe_last_checkpoint(trainer)}",
+            interrupted=True,
         ) from exc
     except SystemExit as exc:  # Lightning turns Ctrl-C (SIGINT) into sys.exit(1) after its on_exception hooks
         if not trainer.interrupted:
             raise
-        message = f"trainer: interrupted at step {trainer.global_step}; {_last_checkpoint(trainer)}"
+        message = f"trainer: interrupted at step {trainer.global_step}; {describe_last_checkpoint(trainer)}"
         raise RunStopped(message, interrupted=True) from exc
     except NonFiniteError as exc:
         hint = "callbacks.nonfinite_guard.action=skip drops such updates, or lower optim.lr"
-        raise RunStopped(f"trainer: {exc} ({hint}); {_last_checkpoint(trainer, ', the last finite state')}") from exc
+        raise RunStopped(
+            f"trainer: {exc} ({hint}); {describe_last_checkpoint(trainer, ', the last finite state')}"
+        ) from exc
     except CheckpointWriteError as exc:
-        raise RunStopped(f"checkpoint: {exc.strerror}; {_last_checkpoint(trainer)}") from exc
+        raise RunStopped(f"checkpoint: {exc.strerror}; {describe_last_checkpoint(trainer)}") from exc
