@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from attnlab.numerics import pin_cpu_kernels
+
+pin_cpu_kernels()  # before anything imports torch: the same numbers on every x86-64 CPU (attnlab/numerics.py)
+
 if TYPE_CHECKING:
     from attnlab.models import GPT
 

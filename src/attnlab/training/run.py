@@ -21,6 +21,7 @@ from attnlab.console import announce
 from attnlab.data import TextDataModule
 from attnlab.errors import ConfigError, require
 from attnlab.models import GPT, ModelConfig, build_gpt
+from attnlab.numerics import kernel_record
 from attnlab.runs import (
     RESULTS_FILE,
     check_resume,
@@ -171,6 +172,7 @@ def run(cfg: DictConfig, evaluate: Callable[[str], dict[str, Any]] | None = None
         "train_seconds": seconds,
         "tokens_per_second": tokens_this_run / seconds if seconds > 0 else None,
         "parameters": model.num_parameters(),
+        **kernel_record(),
         "best_checkpoint": own_file(getattr(checkpoint, "best_model_path", None), out),
         "last_checkpoint": own_file(last_checkpoint_path(trainer), out),
         "output_dir": str(out),

@@ -1,0 +1,89 @@
+"""The CPU kernels a seed's numbers depend on are pinned (attnlab/numerics.py), so the same seed gives the same
+numbers on every x86-64 CPU with AVX2 (the README's `make train` perplexity on AVX-512 and AVX2-only machines)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from attnlab import numerics
+from tests.conftest import ROOT
+
+PORTABLE = numerics.platform.machine().lower() in ("x86_64", "amd64") and numerics.cpu_has_avx2()
+needs_avx2 = pytest.mark.skipif(not PORTABLE, reason="pinning applies to x86-64 CPUs with AVX2 only")
+
+
+@pytest.fixture
+def x86_with_avx2(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(numerics.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(numerics, "cpu_has_avx2", lambda: True)
+
+
+def test_pins_both_libraries_unless_the_user_chose(x86_with_avx2: None) -> None:
+    environ: dict[str, str] = {}
+    assert numerics.pin_cpu_kernels(environ) == {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
+    assert environ == numerics.PINNED
+    environ = {"MKL_CBWR": "COMPATIBLE"}  # the user's own setting wins
+    assert numerics.pin_cpu_kernels(environ) == {"ATEN_CPU_CAPABILITY": "avx2"}
+    assert environ["MKL_CBWR"] == "COMPATIBLE"
+    environ = {numerics.SETTING: "native"}
+    assert numerics.pin_cpu_kernels(environ) == {} and environ == {numerics.SETTING: "native"}
+
+
+def test_nothing_is_pinned_where_avx2_is_missing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(numerics.platform, "machine", lambda: "aarch64")
+    assert numerics.pin_cpu_kernels({}) == {}
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse sse2 avx\n")
+    assert not numerics.cpu_has_avx2(cpuinfo)
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse sse2 avx avx2 fma\n")
+    assert numerics.cpu_has_avx2(cpuinfo)
+
+
+def test_a_bad_choice_is_one_line() -> None:
+    with pytest.raises(SystemExit) as stopped:
+        numerics.pin_cpu_kernels({numerics.SETTING: "fast"})
+    assert str(stopped.value) == "error: ATTNLAB_CPU_KERNELS: got 'fast'; allowed: portable, native"
+
+
+def capability(**env: str) -> str:
+    """The ATen kernels a fresh process that imports attnlab first uses."""
+    environ = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR")} | env
+    code = "import attnlab, torch; print(torch.backends.cpu.get_cpu_capability())"
+    return subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True).stdout.strip()
+
+
+@needs_avx2
+def test_importing_attnlab_pins_the_kernels_before_torch_chooses() -> None:
+    assert capability() == "AVX2"
+    native = capability(ATTNLAB_CPU_KERNELS="native")
+    assert native in ("AVX2", "AVX512")  # the widest this CPU has
+
+
+@pytest.mark.slow
+@needs_avx2
+@pytest.mark.skipif("avx512f" not in Path("/proc/cpuinfo").read_text(), reason="needs a CPU with AVX-512")
+def test_native_kernels_change_the_numbers_and_the_pin_fixes_them(tmp_path: Path) -> None:
+    """On an AVX-512 CPU, `make train`'s model trained 40 steps already logs different losses with the native and the
+    pinned kernels (from step 11 on, measured), while two pinned runs, one with MKL told to use only AVX2 (as on an
+    AVX2-only CPU), log the same losses to the last bit."""
+
+    def losses(name: str, **env: str) -> list[float]:
+        environ = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR")} | env
+        command = [sys.executable, "train.py", "trainer=cpu", "trainer.max_steps=40", "trainer.log_every_n_steps=1"]
+        command += ["trainer.limit_val_batches=4", "print_config=false", "callbacks.progress_bar.refresh_rate=0"]
+        command += [f"hydra.run.dir={tmp_path}/{name}", f"paths.cache_dir={tmp_path}/cache"]
+        done = subprocess.run(command, cwd=ROOT, env=environ, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        logged = pd.read_csv(tmp_path / name / "csv" / "metrics.csv")
+        return logged["train/loss"].dropna().tolist()
+
+    pinned = losses("pinned")
+    assert len(pinned) == 40
+    assert losses("pinned-mkl-avx2-only", MKL_ENABLE_INSTRUCTIONS="AVX2") == pinned
+    assert losses("native", ATTNLAB_CPU_KERNELS="native") != pinned
