@@ -317,6 +317,9 @@ def test_first_token_share_of_forced_and_uniform_attention() -> None:
     result = attention_sinks(uniform, [batch[:1], batch[1:]], skip=4)
     hand = sum(1 / (t + 1) for t in range(4, T)) / (T - 4)
     assert result["first_token_share"] == pytest.approx([hand, hand], rel=1e-6)
+    deep = sum(1 / (t + 1) for t in range(8, T)) / (T - 8)  # the phenomenon check's share: later layers, later queries
+    assert attention_sinks(uniform, batch, skip=4, deep_skip=8)["sink_share"] == pytest.approx(deep, rel=1e-6)
+    assert attention_sinks(forced, batch, skip=4, deep_skip=8)["sink_share"] == pytest.approx(1.0)
     assert all(not b.attn.record_probabilities and b.attn.probabilities is None for b in uniform.blocks)
     assert no_hooks(uniform)
     with torch.no_grad():
@@ -577,3 +580,33 @@ def test_the_outlier_monitor_reads_the_validation_forwards_of_its_first_batches(
     expected = activation_outliers(model, batches[:2])
     assert logged == pytest.approx({f"outliers/{key}": expected[key] for key in OutlierMonitor.LOGGED})
     assert not any(getattr(m, "_forward_hooks", None) for m in model.modules())  # every hook removed
+
+
+def test_the_outlier_monitor_logs_the_sink_share_of_the_same_batches_when_asked() -> None:
+    """``sinks=True``: the first-token shares of ``attention_sinks`` on the monitored batches' inputs (all but the
+    last token of each validation row), beside the outlier statistics; later batches are not read."""
+    from types import SimpleNamespace
+
+    from attnlab.eval.analysis.monitor import OutlierMonitor
+
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=61, block_size=24), {"name": "vanilla"}).eval()
+    rows = [torch.randint(0, 61, (3, 21)) for _ in range(3)]  # 21 tokens: the model reads 20
+    logged: dict[str, float] = {}
+    module = SimpleNamespace(model=model, log_dict=lambda values, **_: logged.update(values))
+    trainer = SimpleNamespace(sanity_checking=False)
+    monitor = OutlierMonitor(batches=2, sinks=True)
+    monitor.on_validation_epoch_start(trainer, module)
+    with torch.no_grad():
+        for index, row in enumerate(rows):
+            monitor.on_validation_batch_start(trainer, module, {"input_ids": row}, index)
+            model(row[:, :-1])
+            monitor.on_validation_batch_end(trainer, module, None, {"input_ids": row}, index)
+    monitor.on_validation_epoch_end(trainer, module)
+    expected = attention_sinks(model, [row[:, :-1] for row in rows[:2]])
+    assert logged["sinks/first_token_share"] == pytest.approx(expected["first_token_share_mean"])
+    assert logged["sinks/sink_share"] == pytest.approx(expected["sink_share"])
+    # sink_share: layers after the first, queries at positions >= 16 (4 of 20 per row)
+    assert expected["sink_share"] == pytest.approx(expected["sink_share_per_layer"][1])
+    assert "outliers/kurtosis_max" in logged
+    assert not OutlierMonitor(batches=2).sinks

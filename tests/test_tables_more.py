@@ -94,6 +94,16 @@ def test_pruning_and_outlier_tables_end_to_end(tmp_path: Path, data_cache: Path)
     assert "Gated attention" in outliers and "NOT verified" in outliers
     effects = pd.read_csv(tmp_path / "outliers" / "effects.csv")
     assert set(effects["column"]) == {"fp_ppl", "max_inf_norm", "kurtosis_mean", "w8a8_ppl"}
+    assert {"p", "p_holm", "verdict_holm"} <= set(effects)
+    # the phenomenon check comes first, computed from vanilla's own numbers (derived: the W8A8 gap)
+    checks = pd.read_csv(tmp_path / "outliers" / "phenomena.csv")
+    assert checks[["phenomenon", "variant"]].values.tolist() == [["outliers", "vanilla"]]
+    vanilla = pd.read_csv(tmp_path / "outliers" / "runs.csv").query("attention == 'vanilla'").iloc[0]
+    status = "present" if vanilla["kurtosis_max"] >= 50 and vanilla["w8a8_gap_pct"] >= 2 else "absent"
+    assert checks["status"].tolist() == [status]
+    line = f"- outliers (pretrain, OPT-125m, vanilla): **{status}**: kurtosis_max {vanilla['kurtosis_max']:.4g}"
+    assert line in outliers and outliers.index(line) < outliers.index("## pretrain")
+    assert {"sink_share", "val_ppl", "unigram_ppl"} <= set(runs) and runs["unigram_ppl"].gt(1).all()
 
 
 def smoke(name: str, tmp_path: Path, data_cache: Path) -> pd.DataFrame:

@@ -1,5 +1,6 @@
-"""From per-cell evaluation records to the finished table: ours (mean ± std over seeds) beside the paper's, and
-each variant's paired difference with the baseline (same model, same seed), a 95% t-interval and a verdict."""
+"""From per-cell evaluation records to the finished table: whether the baseline shows the paper's phenomenon at all,
+ours (mean ± std over seeds) beside the paper's, and each variant's paired difference with the baseline (same model,
+same seed), a 95% t-interval and a verdict, raw and Holm-corrected over the table's family of comparisons."""
 
 from __future__ import annotations
 
@@ -26,6 +27,30 @@ def paired_interval(diffs: list[float], confidence: float = 0.95) -> tuple[float
     return mean, mean - half, mean + half
 
 
+def paired_p_value(diffs: list[float]) -> float:
+    """Two-sided p-value of the paired t-test that the mean difference is 0: the test behind ``paired_interval``
+    (p < 0.05 exactly when its 95% interval excludes 0). 1 with fewer than two seeds."""
+    n = len(diffs)
+    mean = sum(diffs) / n
+    if n < 2:
+        return 1.0
+    sd = pd.Series(diffs).std(ddof=1)
+    if sd == 0:
+        return 1.0 if mean == 0 else 0.0
+    return float(2 * stats.t.sf(abs(mean) / (sd / math.sqrt(n)), n - 1))
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values: the k-th smallest times (m - k + 1), kept monotone and at most 1. Valid
+    under any dependence between the tests (a cell's fp and W8A8 perplexities are far from independent)."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    adjusted, running = [1.0] * len(p_values), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
 def verdict(low: float, high: float, paper_diff: float) -> str:
     """Reproduces when the interval excludes 0 on the paper's side, opposite when on the other side."""
     if paper_diff == 0 or (low <= 0 <= high):
@@ -48,6 +73,83 @@ def column_map(table: dict[str, Any], scale: str) -> list[dict[str, Any]]:
 def paper_value(table: dict[str, Any], stage: str, row: str, attention: str, index: int) -> float | None:
     values = (table.get("paper") or {}).get(stage, {}).get(row, {}).get(attention)
     return float(values[index]) if values and values[index] is not None else None
+
+
+# Metrics computed from a record's own columns when it has their inputs (a table's phenomenon checks read them).
+DERIVED: dict[str, tuple[tuple[str, ...], Any]] = {
+    "w8a8_gap_pct": (("perplexity", "w8a8_perplexity"), lambda r: 100 * (r["w8a8_perplexity"] / r["perplexity"] - 1)),
+    "ppl_over_unigram": (("val_ppl", "unigram_ppl"), lambda r: r["val_ppl"] / r["unigram_ppl"]),
+}
+PRESENT, ABSENT, NOT_MEASURED = "present", "absent", "not measured"
+
+
+def with_derived(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each record with the ``DERIVED`` metrics whose inputs it has."""
+    out = []
+    for record in records:
+        extra = {
+            name: compute(record)
+            for name, (inputs, compute) in DERIVED.items()
+            if all(record.get(key) is not None and not pd.isna(record[key]) for key in inputs)
+        }
+        out.append(record | extra)
+    return out
+
+
+def phenomena(records: list[dict[str, Any]], table: dict[str, Any]) -> pd.DataFrame:
+    """The table's ``phenomena`` checks: per check, stage and row, the checked variant's (default: the baseline's)
+    mean over seeds of each condition's metric against its threshold. Present when every condition holds; not
+    measured when a metric is missing at this scale."""
+    frame = pd.DataFrame(with_derived(records))
+    rows = []
+    for check in table.get("phenomena") or []:
+        variant = check.get("variant", table["baseline"])
+        stages = check.get("stages")
+        for (stage, row), group in frame[frame["attention"] == variant].groupby(["stage", "row"], sort=False):
+            if stages and stage not in stages:
+                continue
+            parts, holds = [], []
+            for condition in check["conditions"]:
+                metric = condition["metric"]
+                values = group[metric].dropna() if metric in group else pd.Series(dtype=float)
+                bound, at_least = (
+                    (condition["at_least"], True) if "at_least" in condition else (condition["at_most"], False)
+                )
+                sign = ">=" if at_least else "<="
+                if not len(values):
+                    parts.append(f"{metric} not measured (needs {sign} {bound:g})")
+                    holds.append(None)
+                    continue
+                value = float(values.mean())
+                holds.append(value >= bound if at_least else value <= bound)
+                parts.append(f"{metric} {value:.4g} ({sign} {bound:g} needed; {len(values)} seed(s))")
+            status = NOT_MEASURED if None in holds else PRESENT if all(holds) else ABSENT
+            rows.append(
+                {"stage": stage, "row": row, "phenomenon": check["name"], "variant": variant, "status": status}
+                | {"evidence": "; ".join(parts)}
+            )
+    return pd.DataFrame(rows, columns=["stage", "row", "phenomenon", "variant", "status", "evidence"])
+
+
+def phenomena_markdown(checks: pd.DataFrame, table: dict[str, Any]) -> list[str]:
+    """The phenomenon lines that open a table, with what they mean for the verdicts below them."""
+    if not len(checks):
+        return []
+    lines = ["## Is the paper's phenomenon there? (mean over seeds)", ""]
+    for check in checks.itertuples(index=False):
+        lines.append(
+            f"- {check.phenomenon} ({check.stage}, {check.row}, {check.variant}): **{check.status}**: {check.evidence}"
+        )
+    sources = [f"  - {c['name']}: {c['source']}" for c in table.get("phenomena") or [] if c.get("source")]
+    lines += ["", "Thresholds and why (the table config's `phenomena`):", *sources] if sources else []
+    if (checks["status"] != PRESENT).any():
+        lines += [
+            "",
+            "Where the phenomenon is absent (or not measured) the verdicts below are read in that light: a variant "
+            "cannot fix what the baseline does not show, so an inconclusive or opposite verdict there says little "
+            "about the paper's claim.",
+        ]
+    return [*lines, ""]
 
 
 def summarise(records: list[dict[str, Any]], table: dict[str, Any], scale: str) -> pd.DataFrame:
@@ -90,14 +192,35 @@ def effects(records: list[dict[str, Any]], table: dict[str, Any], scale: str) ->
                 paper_diff = paper_variant - paper_base if None not in (paper_variant, paper_base) else None
                 mean, low, high = paired_interval(diffs)
                 base = by_seed[baseline].mean()
+                p_value = paired_p_value(diffs)
                 rows.append(
                     {"stage": stage, "row": row, "attention": attention, "column": column["paper"], "metric": ours}
-                    | {"seeds": len(diffs), "diff": mean, "ci_low": low, "ci_high": high, "paper_diff": paper_diff}
+                    | {"seeds": len(diffs), "diff": mean, "ci_low": low, "ci_high": high, "p": p_value}
+                    | {"paper_diff": paper_diff}
                     | {"diff_pct": 100 * mean / base if base else None}
                     | {"paper_pct": 100 * paper_diff / paper_base if paper_diff is not None and paper_base else None}
                     | {"verdict": NO_PAPER_VALUE if paper_diff is None else verdict(low, high, paper_diff)}
                 )
-    return pd.DataFrame(rows)
+    return corrected(pd.DataFrame(rows, columns=EFFECT_COLUMNS[:-2]))
+
+
+EFFECT_COLUMNS = ["stage", "row", "attention", "column", "metric", "seeds", "diff", "ci_low", "ci_high", "p"]
+EFFECT_COLUMNS += ["paper_diff", "diff_pct", "paper_pct", "verdict", "p_holm", "verdict_holm"]
+
+
+def corrected(effect: pd.DataFrame) -> pd.DataFrame:
+    """Holm over the table's family: every comparison the paper gives a direction for (one per variant, column,
+    stage and row). A verdict survives when its adjusted p is below 0.05; otherwise it becomes inconclusive."""
+    effect = effect.assign(p_holm=None, verdict_holm=effect["verdict"])
+    judged = effect.index[(effect["verdict"] != NO_PAPER_VALUE) & (effect["paper_diff"] != 0)]
+    if len(judged):
+        adjusted = holm(effect.loc[judged, "p"].tolist())
+        effect.loc[judged, "p_holm"] = adjusted
+        survives = [a < 0.05 for a in adjusted]
+        effect.loc[judged, "verdict_holm"] = [
+            v if keep else INCONCLUSIVE for v, keep in zip(effect.loc[judged, "verdict"], survives, strict=True)
+        ]
+    return effect
 
 
 def percent(value: Any) -> str:
@@ -117,12 +240,16 @@ def variant_label(table: dict[str, Any], attention: str) -> str:
     return f"{attention} ({paper_name})" if paper_name and paper_name != attention else attention
 
 
-def to_markdown(summary: pd.DataFrame, effect: pd.DataFrame, table: dict[str, Any], scale: str) -> str:
-    """The table as Markdown: ours beside the paper's per column that ran, the columns' provenance, the verdicts."""
+def to_markdown(
+    summary: pd.DataFrame, effect: pd.DataFrame, table: dict[str, Any], scale: str, checks: pd.DataFrame | None = None
+) -> str:
+    """The table as Markdown: whether the phenomenon is there, ours beside the paper's per column that ran, the
+    columns' provenance, the verdicts."""
     columns = column_map(table, scale)
     ran = [c for c in columns if c["ours"] is not None]
     lines = [f"# {table['title']} ({scale} scale)", ""]
     lines += [f"- {note}" for note in table.get("notes") or []] + ([""] if table.get("notes") else [])
+    lines += phenomena_markdown(checks, table) if checks is not None else []
     for stage, block in summary.groupby("stage", sort=False):
         wide = []
         for (row, attention), group in block.groupby(["row", "attention"], sort=False):
@@ -145,6 +272,11 @@ def to_markdown(summary: pd.DataFrame, effect: pd.DataFrame, table: dict[str, An
             lines.append(f"- {column['paper']}: `{column['ours']}`")
     lines += ["", f"## Each variant against {table['baseline']} (paired by seed, 95% t-interval)", ""]
     lines += ["diff % and paper %: the difference as a share of the baseline's value (ours: its mean over seeds).", ""]
+    lines += [
+        "p: the paired t-test behind the interval; Holm p: adjusted over every comparison the paper gives a direction "
+        "for in this table (the verdict (Holm) column: a verdict whose Holm p is not below 0.05 becomes inconclusive).",
+        "",
+    ]
     if len(effect):
         shown = effect.assign(
             interval=[f"[{lo:+.3f}, {hi:+.3f}]" for lo, hi in zip(effect["ci_low"], effect["ci_high"], strict=True)],
@@ -152,11 +284,21 @@ def to_markdown(summary: pd.DataFrame, effect: pd.DataFrame, table: dict[str, An
             paper_pct=[percent(v) for v in effect["paper_pct"]],
         )[["stage", "row", "attention", "column", "seeds", "diff", "interval", "ours_pct", "paper_diff", "paper_pct"]]
         shown = shown.rename(columns={"ours_pct": "diff %", "paper_pct": "paper %"}).assign(
-            attention=[variant_label(table, a) for a in effect["attention"]], verdict=effect["verdict"]
+            attention=[variant_label(table, a) for a in effect["attention"]],
+            p=effect["p"],
+            verdict=effect["verdict"],
+            **{"Holm p": pd.Series([None if pd.isna(v) else float(v) for v in effect["p_holm"]], dtype=object)},
+            **{"verdict (Holm)": effect["verdict_holm"]},
         )
-        lines.append(shown.to_markdown(index=False, floatfmt="+.3f"))
-        counts = effect["verdict"].value_counts().to_dict()
-        lines += ["", "Verdicts: " + ", ".join(f"{k} {v}" for k, v in counts.items())]
+        formats = [".3g" if "p" in name.split() else "+.3f" for name in shown.columns]
+        lines.append(shown.to_markdown(index=False, floatfmt=formats, missingval="-"))
+        family = int(effect["p_holm"].notna().sum())
+        for label, key in (
+            ("Verdicts", "verdict"),
+            (f"After Holm over the {family} judged comparisons", "verdict_holm"),
+        ):
+            counts = effect[key].value_counts().to_dict()
+            lines += ["", f"{label}: " + ", ".join(f"{k} {v}" for k, v in counts.items())]
     return "\n".join(lines) + "\n"
 
 
@@ -183,8 +325,13 @@ def write(
     """Write ``<table>.md``, ``<table>.csv`` (tidy), ``effects.csv`` and ``runs.csv`` under ``out_dir`` (and
     ``curves.csv`` when the table has training curves; ``sections``: more Markdown a report wrote); with
     ``wandb_cfg``, also log the table to W&B (``log_wandb``)."""
-    summary, effect = summarise(records, table, scale), effects(records, table, scale)
-    markdown = to_markdown(summary, effect, table, scale)
+    records = with_derived(records)
+    summary, effect, checks = (
+        summarise(records, table, scale),
+        effects(records, table, scale),
+        phenomena(records, table),
+    )
+    markdown = to_markdown(summary, effect, table, scale, checks)
     out_dir.mkdir(parents=True, exist_ok=True)
     if curves is not None and len(curves):
         markdown += "\n" + curves_markdown(curves, table)
@@ -193,6 +340,7 @@ def write(
     (out_dir / f"{table['name']}.md").write_text(markdown)
     summary.to_csv(out_dir / f"{table['name']}.csv", index=False)
     effect.to_csv(out_dir / "effects.csv", index=False)
+    checks.to_csv(out_dir / "phenomena.csv", index=False)
     pd.DataFrame(records).to_csv(out_dir / "runs.csv", index=False)
     if wandb_cfg is not None:
         log_wandb(summary, effect, wandb_cfg)

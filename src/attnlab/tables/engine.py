@@ -32,6 +32,10 @@ from attnlab.tables.cells import cell_name
 log = logging.getLogger(__name__)
 
 RESUME = "ckpt_path=${resume_ckpt:}"  # each job resumes from its own last.ckpt when one is there
+TRAINING_METRICS = (
+    "val_ppl",
+    "unigram_ppl",
+)  # from each cell's results.json: token perplexity and its unigram baseline
 
 
 @dataclass(frozen=True)
@@ -263,10 +267,12 @@ class Engine:
             result = json.loads((out / "results.json").read_text())
             analysis = (result.get("analysis") or {}).get("summary", {})  # eval suites with an `analysis` section
             summary = {k: v for k, v in analysis.items() if k not in ("eval_tokens", "map_tokens")} | result["summary"]
+            trained = json.loads((cell.directory / RESULTS_FILE).read_text())
             records.append(
                 {"stage": cell.stage, "row": cell.row, "model": cell.model, "attention": cell.attention}
                 | {"seed": cell.seed, "run": self.shown(cell.directory)}
                 | {k: v for k, v in summary.items() if isinstance(v, int | float) and k != "limit"}
+                | {k: trained.get(k) for k in TRAINING_METRICS}
             )
         return records
 

@@ -1,7 +1,10 @@
 """Outlier statistics while a model trains: Bondarenko et al.'s point is that outliers grow with training, so a
 table that compares them needs the trajectory, not only the end. ``callbacks.outlier_monitor`` (on by default)
 logs ``outliers/max_inf_norm``, ``outliers/kurtosis_mean`` and ``outliers/kurtosis_max`` at every validation, on
-its first ``batches`` validation batches (the same text each time), with ``activation_outliers``'s module set."""
+its first ``batches`` validation batches (the same text each time), with ``activation_outliers``'s module set.
+With ``sinks: true`` it also logs ``sinks/sink_share`` and ``sinks/first_token_share`` (``attention_sinks``) on the
+same batches, so the attention sink's emergence is a curve too: one more forward per monitored batch, through the
+plain-math path that exposes the maps, after the validation step (the validation loss is untouched)."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import lightning as L
 import torch
 
 from attnlab.eval.analysis.outliers import OutlierStatistics
+from attnlab.eval.analysis.sinks import attention_sinks
 from attnlab.nn_utils import forward_hooks
 
 
@@ -21,15 +25,18 @@ class OutlierMonitor(L.Callback):
 
     LOGGED = ("max_inf_norm", "kurtosis_mean", "kurtosis_max")
 
-    def __init__(self, batches: int = 2) -> None:
+    def __init__(self, batches: int = 2, sinks: bool = False) -> None:
         if batches < 1:
             raise ValueError(f"callbacks.outlier_monitor.batches must be >= 1, got {batches}")
         self.batches = batches
+        self.sinks = sinks
         self.statistics: OutlierStatistics | None = None
         self.hooked: ExitStack | None = None
+        self.sink_inputs: list[torch.Tensor] = []
 
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.statistics = None if trainer.sanity_checking else OutlierStatistics(pl_module.model)
+        self.sink_inputs = []
 
     def on_validation_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
@@ -45,6 +52,8 @@ class OutlierMonitor(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int, *args: Any
     ) -> None:
         self._unhook()
+        if self.sinks and self.statistics is not None and batch_idx < self.batches:
+            self.sink_inputs.append(batch["input_ids"][:, :-1].long())  # the model reads all but the last token
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._unhook()
@@ -61,3 +70,11 @@ class OutlierMonitor(L.Callback):
         stats = self.statistics.summary()
         pl_module.log_dict({f"outliers/{key}": float(stats[key]) for key in self.LOGGED}, sync_dist=True)
         self.statistics = None
+        if self.sink_inputs:
+            with torch.compiler.set_stance("force_eager"):
+                sinks = attention_sinks(pl_module.model, self.sink_inputs)
+            logged = {"sinks/first_token_share": sinks["first_token_share_mean"]}
+            if sinks["sink_share"] is not None:
+                logged["sinks/sink_share"] = sinks["sink_share"]
+            pl_module.log_dict(logged, sync_dist=True)
+            self.sink_inputs = []

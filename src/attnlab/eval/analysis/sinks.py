@@ -24,12 +24,17 @@ from attnlab.nn_utils import forward_hooks
 
 
 @torch.no_grad()
-def attention_sinks(model: nn.Module, tokens: Tokens, skip: int = 4) -> dict[str, Any]:
+def attention_sinks(model: nn.Module, tokens: Tokens, skip: int = 4, deep_skip: int = 16) -> dict[str, Any]:
     """Per layer: the mean probability that queries at 0-based positions >= ``skip`` put on key 0 (over heads,
-    queries and sequences), and the max |x| of the block output (the residual stream) over all tokens."""
+    queries and sequences), and the max |x| of the block output (the residual stream) over all tokens.
+
+    ``sink_share`` is the phenomenon check's number (issue 23): the same share for queries at positions >=
+    ``deep_skip``, averaged over the layers after the first (the first layer rarely has a sink: Xiao et al. 2024,
+    Gu et al. 2025), so early queries that can only see a few keys do not pass for a sink."""
     model = unwrap(model)
     n_layer = len(model.blocks)
     share, rows = torch.zeros(n_layer, dtype=torch.float64), 0
+    deep_share, deep_rows = torch.zeros(n_layer, dtype=torch.float64), 0
     max_activation = torch.zeros(n_layer, dtype=torch.float64)
 
     def track_max(i: int):
@@ -40,6 +45,7 @@ def attention_sinks(model: nn.Module, tokens: Tokens, skip: int = 4) -> dict[str
 
     def add_share(i: int, probabilities: Tensor) -> None:
         share[i] += probabilities[:, :, skip:, 0].double().sum().cpu()
+        deep_share[i] += probabilities[:, :, deep_skip:, 0].double().sum().cpu()
 
     tracked = forward_hooks((block, track_max(i)) for i, block in enumerate(model.blocks))
     with evaluating(model), attention_maps(model, add_share), tracked:
@@ -48,13 +54,19 @@ def attention_sinks(model: nn.Module, tokens: Tokens, skip: int = 4) -> dict[str
                 continue
             model(batch)
             rows += batch.shape[0] * model.config.n_head * (batch.shape[1] - skip)
+            deep_rows += batch.shape[0] * model.config.n_head * max(0, batch.shape[1] - deep_skip)
     if rows == 0:
         raise ValueError(f"no sequence is longer than skip={skip} tokens")
     share /= rows
+    deep_share /= max(deep_rows, 1)
+    deep_layers = deep_share[1:] if n_layer > 1 else deep_share
     return {
         "skip": skip,
         "first_token_share": share.tolist(),
         "first_token_share_mean": share.mean().item(),
+        "deep_skip": deep_skip,
+        "sink_share_per_layer": deep_share.tolist() if deep_rows else None,
+        "sink_share": deep_layers.mean().item() if deep_rows else None,
         "max_activation": max_activation.tolist(),
         "max_activation_max": max_activation.max().item(),
     }
@@ -95,15 +107,22 @@ def gate_statistics(model: nn.Module, tokens: Tokens, bins: int = 20) -> dict[st
 
 @register_metric(
     "sinks",
-    options={"sink_skip": 4},  # queries at 0-based positions < sink_skip are left out of the first-token share
-    headline={"first_token_share": "first_token_share_mean", "max_activation": "max_activation_max"},
+    # queries at 0-based positions < sink_skip are left out of the first-token share, < sink_deep_skip out of
+    # sink_share (which also leaves out the first layer)
+    options={"sink_skip": 4, "sink_deep_skip": 16},
+    headline={
+        "first_token_share": "first_token_share_mean",
+        "sink_share": "sink_share",
+        "max_activation": "max_activation_max",
+    },
     describe=lambda s: [
         per_layer_line("first-token share", s["first_token_share"]),
         per_layer_line("max |block output|", s["max_activation"]),
     ],
 )
 def _sinks(inputs: AnalysisInputs) -> dict[str, Any]:
-    return attention_sinks(inputs.model, inputs.map_batches, inputs.options["sink_skip"])
+    options = inputs.options
+    return attention_sinks(inputs.model, inputs.map_batches, options["sink_skip"], options["sink_deep_skip"])
 
 
 @register_metric(

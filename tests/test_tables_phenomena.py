@@ -1,0 +1,127 @@
+"""Phenomenon checks and Holm-corrected verdicts, on hand-made numbers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from attnlab.tables.collect import (
+    ABSENT,
+    INCONCLUSIVE,
+    NO_PAPER_VALUE,
+    NOT_MEASURED,
+    PRESENT,
+    REPRODUCES,
+    effects,
+    holm,
+    paired_interval,
+    paired_p_value,
+    phenomena,
+    summarise,
+    to_markdown,
+    with_derived,
+)
+
+
+def test_paired_p_value_agrees_with_the_interval() -> None:
+    """p < 0.05 exactly when the 95% interval excludes 0 (the same t-test)."""
+    for diffs in ([-1.0, -1.2, -0.9], [-1.0, 1.5, 0.2], [0.1, 0.3, 0.2, 0.25], [0.5, -0.1, 0.4, 0.3, 0.6]):
+        _, low, high = paired_interval(diffs)
+        assert (paired_p_value(diffs) < 0.05) == (not low <= 0 <= high)
+    # by hand: mean -1.0333, sd 0.15275, t = -11.72 on 2 degrees of freedom, two-sided p = 0.0072
+    assert math.isclose(paired_p_value([-1.0, -1.2, -0.9]), 0.0072, rel_tol=1e-2)
+    assert paired_p_value([0.4]) == 1.0
+    assert paired_p_value([0.2, 0.2, 0.2]) < 1e-12 and paired_p_value([0.0, 0.0]) == 1.0
+
+
+def test_holm_by_hand() -> None:
+    # sorted p: 0.01 (x4 = 0.04), 0.02 (x3 = 0.06), 0.03 (x2 = 0.06, kept monotone), 0.5 (x1 = 0.5)
+    assert holm([0.03, 0.01, 0.5, 0.02]) == pytest.approx([0.06, 0.04, 0.5, 0.06])
+    assert holm([0.4, 0.6]) == pytest.approx([0.8, 0.8])  # the larger is raised to stay monotone, capped at 1
+    assert holm([0.9, 0.8]) == pytest.approx([1.0, 1.0])
+    assert holm([]) == []
+
+
+TABLE = {
+    "name": "t",
+    "title": "T",
+    "baseline": "vanilla",
+    "variants": ["vanilla", "a", "b"],
+    "columns": [{"paper": "ppl", "better": "lower"}, {"paper": "w8", "better": "lower"}],
+    "standins": {"ppl": {"ours": "perplexity", "standin": "ppl"}, "w8": {"ours": "w8a8_perplexity", "standin": "w"}},
+    "paper": {"pretrain": {"R": {"vanilla": [10.0, 12.0], "a": [9.0, 10.0], "b": [9.5, None]}}},
+    "phenomena": [
+        {
+            "name": "outliers",
+            "conditions": [{"metric": "kurtosis_max", "at_least": 50}, {"metric": "w8a8_gap_pct", "at_least": 2}],
+            "source": "hand-made",
+        },
+        {"name": "fits", "conditions": [{"metric": "ppl_over_unigram", "at_most": 0.5}]},
+        {"name": "sink", "conditions": [{"metric": "sink_share", "at_least": 0.2}]},
+    ],
+}
+
+
+def records(kurtosis: list[float], w8a8_gap: float) -> list[dict]:
+    """Three seeds of vanilla, a (clearly lower perplexity) and b (noise)."""
+    out = []
+    for seed, (k, noise) in enumerate(zip(kurtosis, [0.3, -0.2, 0.1], strict=True), start=1):
+        base = 10.0 + noise
+        for attention, ppl in (("vanilla", base), ("a", base - 1.0 - 0.01 * seed), ("b", base + noise)):
+            out.append(
+                {"stage": "pretrain", "row": "R", "model": "m", "attention": attention, "seed": seed}
+                | {"perplexity": ppl, "w8a8_perplexity": ppl * (1 + w8a8_gap / 100), "kurtosis_max": k}
+                | {"val_ppl": ppl, "unigram_ppl": 4 * ppl}
+            )
+    return out
+
+
+def test_phenomena_present_absent_and_not_measured() -> None:
+    checks = phenomena(records([60.0, 70.0, 50.0], w8a8_gap=3.0), TABLE).set_index("phenomenon")
+    assert checks.loc["outliers", "status"] == PRESENT
+    assert "kurtosis_max 60 (>= 50 needed; 3 seed(s))" in checks.loc["outliers", "evidence"]
+    assert "w8a8_gap_pct 3 (>= 2 needed" in checks.loc["outliers", "evidence"]
+    assert checks.loc["fits", "status"] == PRESENT  # 0.25 of the unigram perplexity
+    assert checks.loc["sink", "status"] == NOT_MEASURED
+    # the mean decides: 4.2 is far below 50, and one condition failing makes it absent
+    checks = phenomena(records([4.0, 4.5, 4.1], w8a8_gap=3.0), TABLE).set_index("phenomenon")
+    assert checks.loc["outliers", "status"] == ABSENT and "kurtosis_max 4.2" in checks.loc["outliers", "evidence"]
+    checks = phenomena(records([60.0, 70.0, 50.0], w8a8_gap=1.0), TABLE).set_index("phenomenon")
+    assert checks.loc["outliers", "status"] == ABSENT
+
+
+def test_derived_metrics_only_where_their_inputs_are() -> None:
+    rows = with_derived([{"perplexity": 100.0, "w8a8_perplexity": 102.5}, {"perplexity": 100.0}])
+    assert rows[0]["w8a8_gap_pct"] == pytest.approx(2.5) and "w8a8_gap_pct" not in rows[1]
+
+
+def test_holm_verdicts_beside_the_raw_ones() -> None:
+    data = records([60.0, 70.0, 50.0], w8a8_gap=3.0)
+    effect = effects(data, TABLE, "cpu").set_index(["attention", "column"])
+    a = effect.loc[("a", "ppl")]
+    assert a["verdict"] == REPRODUCES and a["p"] < 0.05
+    # the family: the comparisons with a paper direction (a/ppl, a/w8, b/ppl; b/w8 has no paper value)
+    judged = effect[effect["verdict"] != NO_PAPER_VALUE]
+    assert len(judged) == 3 and effect["p_holm"].notna().sum() == 3
+    assert a["p_holm"] == pytest.approx(min(1.0, 3 * a["p"]), rel=1e-9) or a["p_holm"] >= a["p"]
+    assert effect.loc[("b", "w8"), "verdict_holm"] == NO_PAPER_VALUE
+    # a raw "reproduces" at p just under 0.05 does not survive three comparisons
+    for row in judged.itertuples():
+        if row.p_holm >= 0.05:
+            assert row.verdict_holm == INCONCLUSIVE
+        else:
+            assert row.verdict_holm == row.verdict
+
+
+def test_markdown_opens_with_the_phenomena_and_shows_both_verdicts() -> None:
+    data = with_derived(records([4.0, 4.5, 4.1], w8a8_gap=0.5))
+    markdown = to_markdown(
+        summarise(data, TABLE, "cpu"), effects(data, TABLE, "cpu"), TABLE, "cpu", phenomena(data, TABLE)
+    )
+    assert markdown.index("Is the paper's phenomenon there?") < markdown.index("## pretrain")
+    assert "- outliers (pretrain, R, vanilla): **absent**: kurtosis_max 4.2" in markdown
+    assert "  - outliers: hand-made" in markdown and "read in that light" in markdown
+    header = next(line for line in markdown.splitlines() if line.startswith("| stage") and "Holm" in line)
+    assert [c.strip() for c in header.split("|")][-5:-1] == ["p", "verdict", "Holm p", "verdict (Holm)"]
+    assert "After Holm over the 3 judged comparisons:" in markdown
