@@ -37,3 +37,42 @@ def test_a_failed_job_is_its_own_and_the_sweep_reports_it(tmp_path: Path, data_c
     assert table.returncode == 0, table.stderr
     assert "warning: 1 jobs of the sweep are not in the table" in table.stderr
     assert re.search(rf"- job 1 \(model.n_head=3 [^)]*\): {error}", table.stdout)
+
+
+def sweep(arguments: list[str], data_cache: Path) -> subprocess.CompletedProcess:
+    overrides = [*MICRO_DATA, "trainer=cpu", "debug=fdr", "callbacks.progress_bar.refresh_rate=0"]
+    command = [sys.executable, "train.py", "-m", *arguments, *overrides, f"paths.cache_dir={data_cache}"]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def test_the_readmes_sweep_without_a_sweep_dir_records_and_counts_its_own_jobs(
+    tmp_path: Path, data_cache: Path
+) -> None:
+    """`train.py -m ...` as the README shows it: the sweep directory comes from paths.log_dir (an interpolation of
+    the task config that a job's own Hydra config cannot resolve); every job is recorded and summarised."""
+    micro_model = [o for o in MICRO_MODEL if not o.startswith("model.n_head=")]
+    done = sweep(["model.n_head=2,4", *micro_model, f"paths.log_dir={tmp_path}/logs"], data_cache)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "2 of 2 jobs completed" in done.stdout
+    assert len(list((tmp_path / "logs").glob("debug/multirun_*/jobs.jsonl"))) == 1  # debug=fdr: outputs/debug/
+
+
+def test_two_sweeps_in_one_directory_each_count_their_own_jobs(tmp_path: Path, data_cache: Path) -> None:
+    """The table engine runs every sweep in outputs/runs: a sweep's summary is about its own jobs, not every job
+    that directory has ever recorded."""
+    micro_model = [o for o in MICRO_MODEL if not o.startswith("model.n_head=")]
+    shared = [*micro_model, f"hydra.sweep.dir={tmp_path}/shared"]
+    first = sweep(["model.n_head=2,3", *shared], data_cache)
+    assert first.returncode == 1 and "1 of 2 jobs completed" in first.stdout
+    second = sweep(["model.n_head=4", *shared], data_cache)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "1 of 1 jobs completed" in second.stdout and "failed" not in second.stdout
+
+
+def test_a_sweep_over_many_long_overrides_keeps_its_directory_names_short(tmp_path: Path, data_cache: Path) -> None:
+    long_values = [f"+note{i}={'x' * 60}" for i in range(5)]  # ~350 characters of overrides in the job's name
+    done = sweep([*MICRO_MODEL, "seed=1,2", *long_values, f"hydra.sweep.dir={tmp_path}/sweep"], data_cache)
+    assert done.returncode == 0, done.stderr[-3000:]
+    names = sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir())
+    assert len(names) == 2 and all(len(name) <= 120 for name in names)
+    assert [name.split("_")[0] for name in names] == ["0", "1"] and names[0] != names[1]

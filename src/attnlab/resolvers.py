@@ -3,6 +3,7 @@ nodes generated from the dataclasses (``attention=<preset>``, the model defaults
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 from datetime import datetime
@@ -30,6 +31,17 @@ def project_root(*, _root_: DictConfig) -> str:
     return os.getcwd()
 
 
+def job_dirname(num: int, overrides: str) -> str:
+    """``${job_dirname:num,overrides}``: a sweep job's directory name, ``<num>_<overrides>``; past 120 characters its
+    first 100 and a hash of the whole, so a sweep over many or long overrides never passes a file name's 255 bytes."""
+    name = f"{num}_{overrides}"
+    if len(name.encode()) <= 120:
+        return name
+    return f"{name.encode()[:100].decode(errors='ignore')}_{hashlib.sha1(name.encode()).hexdigest()[:10]}"
+
+
+if not OmegaConf.has_resolver("job_dirname"):
+    OmegaConf.register_new_resolver("job_dirname", job_dirname)
 if not OmegaConf.has_resolver("run_id"):
     OmegaConf.register_new_resolver("run_id", lambda: RUN_ID)
 if not OmegaConf.has_resolver("project_root"):

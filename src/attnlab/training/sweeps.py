@@ -3,14 +3,17 @@
 Hydra's sweepers re-raise the first failed job after its batch and never reach ``on_multirun_end``; this
 callback records every job's outcome in ``<sweep dir>/jobs.jsonl`` (one JSON line per job, the file locked while
 a line is written so parallel launchers can share it), marks the failure handled so the sweep goes on, and at the
-end prints which jobs failed and why and exits non-zero if any did.
+end prints which jobs failed and why and exits non-zero if any did. Several sweeps may share one directory (the
+table engine's ``outputs/runs``), so each record carries its sweep's id and a summary counts that sweep's jobs only.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import traceback
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from attnlab.errors import ConfigError
 from attnlab.runs import locked
@@ -26,6 +29,7 @@ from attnlab.runs import locked
 log = logging.getLogger(__name__)
 
 JOBS_FILE = "jobs.jsonl"
+SWEEP_ID = "ATTNLAB_SWEEP_ID"  # set when a multirun starts; its jobs inherit it (same process, joblib, SLURM env)
 EXPECTED_ERRORS = (ConfigError,)  # reported in one line; anything else gets its traceback in the job's record
 
 
@@ -39,17 +43,32 @@ def one_line(error: BaseException) -> str:
     return "error: " + " ".join(str(error).split())
 
 
-def read_jobs(sweep_dir: Path) -> list[dict[str, Any]]:
-    """The outcome of every job of a sweep, in job order (empty when the sweep predates ``jobs.jsonl``)."""
+def read_jobs(sweep_dir: Path, sweep: str | None = None) -> list[dict[str, Any]]:
+    """The outcome of every job recorded in ``sweep_dir`` (of sweep id ``sweep`` only, when given), in job order;
+    for a job recorded twice (a resumed sweep), its last record. Empty when nothing was recorded."""
     path = sweep_dir / JOBS_FILE
     if not path.is_file():
         return []
     jobs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if sweep is not None:
+        jobs = list({job["num"]: job for job in jobs if job.get("sweep") == sweep}.values())
     return sorted(jobs, key=lambda job: job["num"])
+
+
+def job_sweep_dir(config: DictConfig, output_dir: str) -> Path:
+    """The sweep directory a job's ``output_dir`` lies in: ``output_dir`` less its resolved ``hydra.sweep.subdir``.
+    Read from the job's own directory, not by resolving ``hydra.sweep.dir`` again: that interpolates keys of the task
+    config (``paths.log_dir``) and a per-process run id, which a worker process would resolve differently."""
+    subdir = Path(str(OmegaConf.select(config, "hydra.sweep.subdir", default="") or ""))
+    output = Path(output_dir)
+    return output.parents[len(subdir.parts) - 1] if subdir.parts else output
 
 
 class SweepReport(Callback):
     """Hydra callback (conf/hydra/default.yaml): record each job, keep the sweep going, summarise at the end."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        os.environ[SWEEP_ID] = uuid.uuid4().hex[:12]
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         hydra_cfg = job_return.hydra_cfg.hydra if job_return.hydra_cfg is not None else None
@@ -57,6 +76,7 @@ class SweepReport(Callback):
             return
         record: dict[str, Any] = {
             "num": int(hydra_cfg.job.num),
+            "sweep": os.environ.get(SWEEP_ID),
             "overrides": list(job_return.overrides or []),
             "output_dir": hydra_cfg.runtime.output_dir,
             "status": "completed",
@@ -69,7 +89,7 @@ class SweepReport(Callback):
             log.error("Job %d (%s) failed: %s", record["num"], " ".join(record["overrides"]), record["error"])
             if not getattr(error, "interrupted", False):  # a signal stops the whole sweep (below), not one job
                 job_return.status, job_return.return_value = JobStatus.COMPLETED, None  # handled: the sweep goes on
-        sweep_dir = Path(hydra_cfg.sweep.dir)
+        sweep_dir = job_sweep_dir(config, hydra_cfg.runtime.output_dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         with locked(sweep_dir / JOBS_FILE, "a") as fh:
             fh.write(json.dumps(record) + "\n")
@@ -78,7 +98,7 @@ class SweepReport(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        jobs = read_jobs(sweep_dir)
+        jobs = read_jobs(sweep_dir, os.environ.get(SWEEP_ID))
         failed = [job for job in jobs if job["status"] != "completed"]
         lines = [f"Sweep {sweep_dir}: {len(jobs) - len(failed)} of {len(jobs)} jobs completed"]
         lines += [f"  job {job['num']} ({' '.join(job['overrides'])}) failed: {job['error']}" for job in failed]
