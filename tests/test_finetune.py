@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 
@@ -29,6 +30,15 @@ def gpt2_checkpoint(tmp_path_factory: pytest.TempPathFactory, wiki_docs) -> Path
     return directory
 
 
+class TrainModeProbe(L.Callback):
+    """Records, at every training batch, the modules that are not in train mode (their dropout would be off)."""
+
+    seen: list[list[str]] = []
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: object) -> None:
+        TrainModeProbe.seen.append([name for name, m in pl_module.named_modules() if not m.training])
+
+
 @pytest.mark.parametrize("attention", ["ssa", "gated_sdpa"])
 def test_finetune_experiment_runs_with_the_papers_settings(make_config, gpt2_checkpoint, tmp_path, attention):
     out = tmp_path / attention
@@ -46,9 +56,14 @@ def test_finetune_experiment_runs_with_the_papers_settings(make_config, gpt2_che
         "trainer.val_check_interval=4",
         "trainer.limit_val_batches=2",
         "callbacks.progress_bar.refresh_rate=0",
+        "+callbacks.mode_probe._target_=tests.test_finetune.TrainModeProbe",
     ]
+    TrainModeProbe.seen.clear()
     results = run(make_config(overrides, out))
     assert results["steps"] == math.ceil(1000 / (4 * 32))
+    # every module trains in train mode: the pretrained model arrives in eval mode and Lightning keeps the mode it
+    # finds, which fine-tuned with dropout off
+    assert len(TrainModeProbe.seen) == results["steps"] and not any(TrainModeProbe.seen)
 
     saved = load_checkpoint(out / "checkpoints" / "last.ckpt")
     module = LanguageModel(saved.build_model(), OptimSpec(**saved.spec["optim"]), saved.spec["schedule_steps"], {})

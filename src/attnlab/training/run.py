@@ -119,7 +119,9 @@ def run(cfg: DictConfig, evaluate: Callable[[str], dict[str, Any]] | None = None
         require(vocab <= size, "model.vocab_size", f"{size} is smaller than the tokenizer's {vocab} tokens")
     else:
         model_cfg["vocab_size"] = vocab
-    model = pretrained or build_gpt(model_cfg, attention)
+    # train mode: a pretrained model comes back in eval mode, and Lightning keeps the mode it finds, which would
+    # fine-tune with dropout off
+    model = (pretrained or build_gpt(model_cfg, attention)).train()
     model.set_token_frequencies(torch.from_numpy(datamodule.token_counts))
     log.info(describe_model(model, attention))
 
