@@ -1,9 +1,12 @@
 """Evaluate a model: ``python evaluate.py ckpt_path=outputs/<run>/checkpoints/last.ckpt eval=table3`` (Hydra)."""
 
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
 import attnlab.resolvers  # noqa: F401  (registers ${run_id:} before Hydra composes the config)
+from attnlab.errors import interrupted
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")
@@ -19,4 +22,7 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # inside the training loop a signal is the run's own stop; this is outside it
+        sys.exit(interrupted())

@@ -1,9 +1,12 @@
 """Train a model: ``python train.py model=tiny attention=vanilla data=wiki_sample`` (Hydra overrides)."""
 
+import sys
+
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
 import attnlab.resolvers  # noqa: F401  (registers ${run_id:} before Hydra composes the config)
+from attnlab.errors import interrupted
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
@@ -29,4 +32,7 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # inside the training loop a signal is the run's own stop; this is outside it
+        sys.exit(interrupted())

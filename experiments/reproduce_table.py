@@ -29,6 +29,13 @@ def main(cfg: DictConfig) -> None:
         )
     except ConfigError as exc:
         sys.exit(f"error: {exc}")
+    except KeyboardInterrupt:
+        print(
+            f"interrupted: {cfg.table.name} at scale {cfg.scale}; finished cells are kept and a cell that was training "
+            "resumes from its checkpoints/last.ckpt: run the same command again",
+            file=sys.stderr,
+        )
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import ClassVar
 
 import lightning as L
 import pytest
@@ -33,7 +34,7 @@ def gpt2_checkpoint(tmp_path_factory: pytest.TempPathFactory, wiki_docs) -> Path
 class TrainModeProbe(L.Callback):
     """Records, at every training batch, the modules that are not in train mode (their dropout would be off)."""
 
-    seen: list[list[str]] = []
+    seen: ClassVar[list[list[str]]] = []
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: object) -> None:
         TrainModeProbe.seen.append([name for name, m in pl_module.named_modules() if not m.training])

@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -218,3 +220,35 @@ def test_notebooks_execute_on_the_smoke_results(
     nbclient.NotebookClient(executed, timeout=300, kernel_name="python3", resources=resources).execute()
     text = "".join(o.get("text", "") for c in executed.cells if c.cell_type == "code" for o in c.outputs)
     assert printed in text and list(results.glob("*.png"))
+
+
+def test_a_bad_override_stops_the_table_before_any_cell_launches(tmp_path: Path) -> None:
+    """`make reproduce-table3 ARGS=trainer.max_steps=-3` is one error naming the key, and no cell starts."""
+    with pytest.raises(ConfigError, match=r"trainer\.max_steps"):
+        reproduce(
+            smoke_table(),
+            "smoke",
+            root=ROOT,
+            runs_dir=tmp_path / "runs",
+            results_dir=tmp_path / "results",
+            args=["trainer.max_steps=-3"],
+        )
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+@pytest.mark.slow
+def test_sigint_to_a_table_is_one_line_and_exit_130(tmp_path: Path, data_cache: Path) -> None:
+    """Ctrl-C while a cell trains: the engine says what was interrupted and how to resume, with no traceback."""
+    command = [sys.executable, "experiments/reproduce_table.py", "table=table3", "scale=smoke"]
+    command += [f"runs_dir={tmp_path}/runs", f"results_dir={tmp_path}/results", f"args='paths.cache_dir={data_cache}'"]
+    process = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    deadline = time.monotonic() + 300
+    while not list((tmp_path / "runs").glob("*/.hydra")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGINT)  # as the terminal does: the engine and its training sweep
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 130, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1].startswith("interrupted: table3 at scale smoke; finished cells are kept")
+    assert "Traceback" not in stderr

@@ -26,7 +26,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from attnlab.errors import ConfigError
-from attnlab.runs import LAST_CHECKPOINT, RESULTS_FILE
+from attnlab.runs import LAST_CHECKPOINT, RESULTS_FILE, validate_train_config
 from attnlab.tables.cells import cell_name
 
 log = logging.getLogger(__name__)
@@ -145,6 +145,7 @@ class Engine:
                             f"seed={seed}",
                         ]
                         cfg = self.compose(overrides)  # composing is slow (~0.5 s): once per cell
+                        validate_train_config(cfg)  # a bad value (ARGS included) stops the table before any launch
                         wandb = (cfg.get("logger") or {}).get("wandb")
                         cells[(stage, row, attention, seed)] = Cell(
                             stage,
