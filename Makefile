@@ -7,9 +7,11 @@ ARGS ?=
 SCALE ?= cpu
 FORCE ?=
 LAUNCHER ?=
-# the table engine: SCALE=smoke|cpu|paper, FORCE=1 (fresh cells), ARGS (train.py overrides), LAUNCHER (Hydra's)
+RENDER ?=
+# the table engine: SCALE=smoke|cpu|paper, FORCE=1 (fresh cells), ARGS (train.py overrides), LAUNCHER (Hydra's),
+# RENDER=1 (write the table again from its committed runs.csv: no training, no evaluation)
 TABLE = $(PY) experiments/reproduce_table.py scale=$(SCALE) force=$(if $(FORCE),true,false) "args='$(ARGS)'" \
-	"launcher='$(LAUNCHER)'"
+	"launcher='$(LAUNCHER)'" render_only=$(if $(RENDER),true,false)
 
 .DEFAULT_GOAL := help
 .PHONY: help install train test test-slow lint format bench reproduce-table1 reproduce-table2 reproduce-table3 \

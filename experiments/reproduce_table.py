@@ -9,7 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import attnlab.resolvers  # noqa: F401  (registers ${run_id:} and ${cell_dir:})
 from attnlab.errors import ConfigError
-from attnlab.tables import reproduce
+from attnlab.tables import render, reproduce
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -17,6 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 @hydra.main(version_base="1.3", config_path="../conf", config_name="reproduce_table")
 def main(cfg: DictConfig) -> None:
     try:
+        if cfg.render_only:
+            render(OmegaConf.to_container(cfg.table, resolve=True), cfg.scale, results_dir=Path(cfg.results_dir))
+            return
         reproduce(
             OmegaConf.to_container(cfg.table, resolve=True),
             cfg.scale,

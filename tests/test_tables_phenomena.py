@@ -125,3 +125,21 @@ def test_markdown_opens_with_the_phenomena_and_shows_both_verdicts() -> None:
     header = next(line for line in markdown.splitlines() if line.startswith("| stage") and "Holm" in line)
     assert [c.strip() for c in header.split("|")][-5:-1] == ["p", "verdict", "Holm p", "verdict (Holm)"]
     assert "After Holm over the 3 judged comparisons:" in markdown
+
+
+def test_a_table_renders_again_from_its_committed_records(tmp_path) -> None:
+    """`make reproduce-<table> RENDER=1`: the Markdown, effects and phenomenon checks rewritten from runs.csv alone."""
+    import pandas as pd
+
+    from attnlab.errors import ConfigError
+    from attnlab.tables import render
+
+    with pytest.raises(ConfigError, match="render_only: no records to render"):
+        render(TABLE, "cpu", results_dir=tmp_path)
+    pd.DataFrame(records([60.0, 70.0, 50.0], w8a8_gap=3.0)).to_csv(tmp_path / "runs.csv", index=False)
+    markdown = render(TABLE, "cpu", results_dir=tmp_path)
+    assert markdown == (tmp_path / "t.md").read_text() and "- outliers (pretrain, R, vanilla): **present**" in markdown
+    assert pd.read_csv(tmp_path / "phenomena.csv")["status"].tolist() == [PRESENT, PRESENT, NOT_MEASURED]
+    assert set(pd.read_csv(tmp_path / "effects.csv")["verdict_holm"]) <= {REPRODUCES, INCONCLUSIVE, NO_PAPER_VALUE}
+    with pytest.raises(ConfigError, match="reports computed from its cells"):
+        render(TABLE | {"reports": ["pruning"]}, "cpu", results_dir=tmp_path)

@@ -51,3 +51,24 @@ def reproduce(
     markdown = write(records, table, scale, results_dir, wandb_cfg, engine.trajectories(cells), sections)
     print(markdown)
     return markdown
+
+
+def render(table: dict[str, Any], scale: str, *, results_dir: Path) -> str:
+    """Write the table again from the records it committed (``runs.csv``, ``curves.csv``), without its cells: what a
+    fresh clone can do when the way a table is read changes (phenomenon checks, corrected verdicts, labels). A table
+    with ``reports`` reads its cells' own files and has to be reproduced instead."""
+    import pandas as pd
+
+    from attnlab.errors import ConfigError
+    from attnlab.tables.collect import write
+
+    runs = results_dir / "runs.csv"
+    if not runs.is_file():
+        raise ConfigError("render_only", f"no records to render: {runs} is missing (run the table first)")
+    if table.get("reports"):
+        raise ConfigError("render_only", f"{table['name']} has reports computed from its cells' files: reproduce it")
+    records = pd.read_csv(runs).to_dict("records")
+    curves = pd.read_csv(results_dir / "curves.csv") if (results_dir / "curves.csv").is_file() else None
+    markdown = write(records, table, scale, results_dir, curves=curves)
+    print(markdown)
+    return markdown
