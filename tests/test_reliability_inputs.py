@@ -47,3 +47,72 @@ def test_an_unreadable_data_file_is_named(content: bytes, problem: str, tmp_path
     data = TextDataModule(name="files", source="files", files=[str(tmp_path / "*.txt")], cache_dir=str(tmp_path))
     with pytest.raises(ConfigError, match=rf"data.files: {bad} {problem}"):
         data.prepare()
+
+
+S = ["trainer=cpu", "model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.block_size=64"]
+S += ["data.batch_size=4", "trainer.limit_val_batches=1", "optim.warmup_steps=2", "trainer.max_steps=2"]
+BAD_VALUES = [  # (overrides, the key the one line must name)
+    (["seed=-1"], "seed"),
+    (["seed=99999999999"], "seed"),
+    (["data.num_workers=-1"], "data.num_workers"),
+    (["attention=clipped_softmax", "attention.alpha=abc"], "attention.alpha"),
+    (["model.block_size=big"], "model.block_size"),
+    (["attention=ssa", "attention.alpha_init=abc"], "attention.alpha_init"),
+    (["trainer.precision=foo"], "trainer.precision"),
+    (["trainer.strategy=foo"], "trainer.strategy"),
+    (["callbacks.nonfinite_guard.action=foo"], "callbacks.nonfinite_guard.action"),
+    (["callbacks.last_checkpoint.every_n_train_steps=-1"], "callbacks.last_checkpoint.every_n_train_steps"),
+    (["data.val_fraction=1.5"], "data.val_fraction"),
+    (["attention.variant_lr=-1"], "attention.variant_lr"),
+    (["attention.variant_lr=0"], "attention.variant_lr"),
+    (["data.tokenizer_vocab_size=0"], "data.tokenizer_vocab_size"),
+    (["trainer.gradient_clip_val=-1"], "trainer.gradient_clip_val"),
+    (["trainer.limit_val_batches=0"], "trainer.limit_val_batches"),
+    (["callbacks.last_checkpoint.every_minutes=-1"], "callbacks.last_checkpoint.every_minutes"),
+    (["callbacks.nonfinite_guard.max_skipped=-1"], "callbacks.nonfinite_guard.max_skipped"),
+    (["trainer.devices=64"], "trainer.devices"),
+    (["trainer.accelerator=cpu", "trainer.devices=0"], "trainer.devices"),
+    (["data.block_size=0"], "data.block_size"),
+    (["model.init_from=/nosuch.ckpt"], "model.init_from"),
+    (["callbacks.outlier_monitor.batches=0"], "callbacks.outlier_monitor"),
+    (["callbacks.outlier_monitor.sinks=maybe"], "callbacks.outlier_monitor.sinks"),
+    (["model.n_head=5"], "model.n_embd"),
+    (["attention=clipped_softmax", "attention.zeta=0.5"], "attention.zeta"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "key"), BAD_VALUES, ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+def test_a_bad_value_is_refused_before_anything_is_written(make_config, overrides: list[str], key: str) -> None:
+    """Each value is checked when the config is composed (train.py's Hydra callback runs this before it creates the
+    run directory): one ConfigError naming the key."""
+    from attnlab.runs import validate_train_config
+
+    with pytest.raises(ConfigError) as refused:
+        validate_train_config(make_config([*S, *overrides]))
+    assert refused.value.key == key, str(refused.value)
+    assert "\n" not in str(refused.value)
+
+
+def test_the_defaults_and_every_table_cell_pass_the_checks(make_config) -> None:
+    from attnlab.runs import validate_train_config
+
+    validate_train_config(make_config([]))
+    validate_train_config(make_config(S))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("overrides", "key"), BAD_VALUES[:8], ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+def test_train_py_refuses_a_bad_value_in_one_line_and_leaves_nothing(
+    overrides: list[str], key: str, tmp_path: Path, data_cache: Path
+) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "train.py", *S, *overrides, f"hydra.run.dir={run_dir}", f"paths.cache_dir={data_cache}"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()] and done.stderr.startswith(f"error: {key}: ")
+    assert not run_dir.exists()

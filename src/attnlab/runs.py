@@ -174,12 +174,16 @@ def check_common(cfg: DictConfig) -> None:
         require(Path(ckpt_path).is_file(), "ckpt_path", f"no checkpoint file at {ckpt_path}")
 
 
-def validate_train_config(cfg: DictConfig) -> OptimSpec:
-    """Everything ``train.py`` can check before it writes anything; returns the typed optimiser spec."""
+def validate_train_config(cfg: DictConfig, check_machine: bool = True) -> OptimSpec:
+    """Everything ``train.py`` can check before it writes anything; returns the typed optimiser spec.
+    ``check_machine=False``: not whether the devices and files the config names are on this machine now."""
+    from attnlab.config_checks import check_run_config
+
     check_common(cfg)
     batch_size = typed(cfg.data.get("batch_size"), int, "data.batch_size", "must be a positive integer")
     require(batch_size > 0, "data.batch_size", f"must be a positive integer, got {batch_size}")
     check_trainer(cfg.trainer)
+    check_run_config(cfg, machine=check_machine)
     compile_flag = cfg.get("compile", False)
     require(isinstance(compile_flag, bool), "compile", f"must be true or false, got {compile_flag!r}")
     name = OmegaConf.select(cfg, "attention.name")
@@ -277,28 +281,28 @@ class RunCheckpoint:
         return build_gpt(self.spec["model"], self.spec["attention"], weights=self.state_dict)
 
 
-def read_checkpoint_file(path: Path) -> dict[str, Any]:
-    """One ``torch.load`` with ``weights_only=True``: tensors and plain data only, never code from the file."""
-    require(path.is_file(), "ckpt_path", f"no checkpoint file at {path}")
+def read_checkpoint_file(path: Path, key: str = "ckpt_path") -> dict[str, Any]:
+    """One ``torch.load`` with ``weights_only=True``: tensors and plain data only, never code from the file.
+    ``key``: the config key that named the file, for the error line."""
+    require(path.is_file(), key, f"no checkpoint file at {path}")
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError:
-        raise ConfigError(
-            "ckpt_path", f"{path} holds objects other than tensors and plain data; refusing to load it"
-        ) from None
+        raise ConfigError(key, f"{path} holds objects other than tensors and plain data; refusing to load it") from None
     except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile):
-        raise ConfigError("ckpt_path", f"{path} is not a readable checkpoint (truncated or corrupt)") from None
+        raise ConfigError(key, f"{path} is not a readable checkpoint (truncated or corrupt)") from None
 
 
-def load_checkpoint(path: str | Path) -> RunCheckpoint:
-    """Our checkpoint at ``path``; one written before the record existed is read from its run directory."""
+def load_checkpoint(path: str | Path, key: str = "ckpt_path") -> RunCheckpoint:
+    """Our checkpoint at ``path``; one written before the record existed is read from its run directory. ``key``:
+    the config key that named it (``ckpt_path``, ``model.init_from``), for error lines."""
     path = Path(path)
-    raw = read_checkpoint_file(path)
-    require("state_dict" in raw, "ckpt_path", f"{path} is not an attnlab training checkpoint (no state_dict)")
+    raw = read_checkpoint_file(path, key)
+    require("state_dict" in raw, key, f"{path} is not an attnlab training checkpoint (no state_dict)")
     weights = {
-        key.removeprefix(MODEL_PREFIX): value
-        for key, value in raw["state_dict"].items()
-        if key.startswith(MODEL_PREFIX)
+        name.removeprefix(MODEL_PREFIX): value
+        for name, value in raw["state_dict"].items()
+        if name.startswith(MODEL_PREFIX)
     }
     step = int(raw.get("global_step", 0))
     if RECORD_KEY in raw:

@@ -54,7 +54,7 @@ def pretrained_weights(init_from: str) -> tuple[ModelConfig, dict[str, Tensor]]:
         )
     from attnlab.runs import load_checkpoint
 
-    run = load_checkpoint(init_from)
+    run = load_checkpoint(init_from, key="model.init_from")
     config = ModelConfig.from_dict(run.spec["model"])
     config.tokenizer = config.tokenizer or str(Path(init_from).resolve())  # else the tokenizer inside the ckpt
     config.init_from = init_from

@@ -145,7 +145,9 @@ class Engine:
                             f"seed={seed}",
                         ]
                         cfg = self.compose(overrides)  # composing is slow (~0.5 s): once per cell
-                        validate_train_config(cfg)  # a bad value (ARGS included) stops the table before any launch
+                        # a bad value (ARGS included) stops the table before any launch; devices and start
+                        # checkpoints are the launcher's and the earlier stage's to provide
+                        validate_train_config(cfg, check_machine=False)
                         wandb = (cfg.get("logger") or {}).get("wandb")
                         cells[(stage, row, attention, seed)] = Cell(
                             stage,

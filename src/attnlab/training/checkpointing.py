@@ -24,6 +24,8 @@ from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
+from attnlab.errors import require
+
 
 class CheckpointWriteError(OSError):
     """A checkpoint could not be written; the destination holds the previous file (or none), never a partial one."""
@@ -90,6 +92,16 @@ class LastCheckpoint(ModelCheckpoint):
     """
 
     def __init__(self, dirpath: str, every_n_train_steps: int = 100, every_minutes: float | None = 30.0) -> None:
+        require(
+            isinstance(every_n_train_steps, int) and every_n_train_steps >= 1,
+            "callbacks.last_checkpoint.every_n_train_steps",
+            f"must be an integer >= 1 (a run that never saves loses everything), got {every_n_train_steps!r}",
+        )
+        require(
+            every_minutes is None or every_minutes > 0,
+            "callbacks.last_checkpoint.every_minutes",
+            f"must be a positive number of minutes or null (steps only), got {every_minutes!r}",
+        )
         super().__init__(
             dirpath=dirpath,
             monitor=None,

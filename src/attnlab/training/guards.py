@@ -15,7 +15,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor
 
-from attnlab.errors import require_choice
+from attnlab.errors import require, require_choice
 from attnlab.training.checkpointing import CheckpointWriteError, LastCheckpoint, last_checkpoint_path
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,11 @@ class NonFiniteGuard(Callback):
 
     def __init__(self, action: str = "stop", max_skipped: int = 10) -> None:
         require_choice(action, ON_NONFINITE, "callbacks.nonfinite_guard.action")
+        require(
+            isinstance(max_skipped, int) and max_skipped >= 0,
+            "callbacks.nonfinite_guard.max_skipped",
+            f"must be an integer >= 0, got {max_skipped!r}",
+        )
         self.action, self.max_skipped = action, max_skipped
         self.skipped = 0
         self._losses_finite: list[Tensor] = []  # one flag per micro-batch since the last optimizer step
