@@ -116,3 +116,82 @@ def test_train_py_refuses_a_bad_value_in_one_line_and_leaves_nothing(
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [done.stderr.strip()] and done.stderr.startswith(f"error: {key}: ")
     assert not run_dir.exists()
+
+
+def test_a_results_file_is_replaced_whole_or_not_at_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A crash or a full disk in the middle of a write leaves the old file and no temporary file."""
+    import errno
+    import os
+
+    from attnlab.runs import write_atomic
+
+    target = tmp_path / "results.json"
+    write_atomic(target, "old")
+
+    def full_disk(*_args: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(OSError):
+        write_atomic(target, "new" * 1000)
+    assert target.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]
+    monkeypatch.undo()
+    write_atomic(target, "new")
+    assert target.read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]
+
+
+def test_a_new_column_replaces_results_csv_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row with a new column rewrites the table through a temporary file: killed before the rename, the old
+    table is whole (a SIGKILL in that window once emptied a 400,000-row file)."""
+    import os
+
+    results = tmp_path / "results.csv"
+    for i in range(3):
+        append_csv(results, {"checkpoint": f"{i}.ckpt", "ppl": float(i)})
+    before = results.read_text()
+
+    def killed(*_args: object) -> None:
+        raise KeyboardInterrupt  # stands for the process dying between the write and the rename
+
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        append_csv(results, {"checkpoint": "3.ckpt", "ppl": 3.0, "acc": 0.5})
+    assert results.read_text() == before and sorted(p.name for p in tmp_path.iterdir()) == ["results.csv"]
+    monkeypatch.undo()
+    append_csv(results, {"checkpoint": "3.ckpt", "ppl": 3.0, "acc": 0.5})
+    rows = list(csv.DictReader(results.open(newline="")))
+    assert [r["checkpoint"] for r in rows] == ["0.ckpt", "1.ckpt", "2.ckpt", "3.ckpt"] and rows[3]["acc"] == "0.5"
+
+
+def test_a_row_that_does_not_fit_on_the_disk_is_undone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+    import os
+
+    results = tmp_path / "results.csv"
+    append_csv(results, {"checkpoint": "a.ckpt", "ppl": 1.0})
+    before = results.read_text()
+    real_fsync = os.fsync
+
+    def full_disk(fd: int) -> None:
+        real_fsync(fd)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(ConfigError, match=r"results_csv: could not add a row to .* \(No space left on device\); it is"):
+        append_csv(results, {"checkpoint": "b.ckpt", "ppl": 2.0})
+    assert results.read_text() == before
+
+
+def test_writers_that_wait_while_the_file_is_replaced_lose_no_row(tmp_path: Path) -> None:
+    """Evaluations append concurrently while some add columns (each rewrite replaces the file): every row lands."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    results = tmp_path / "results.csv"
+
+    def add(i: int) -> None:
+        append_csv(results, {"checkpoint": f"{i}.ckpt", "ppl": float(i), **({f"extra{i}": 1.0} if i % 5 == 0 else {})})
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(add, range(60)))
+    rows = list(csv.DictReader(results.open(newline="")))
+    assert sorted(r["checkpoint"] for r in rows) == sorted(f"{i}.ckpt" for i in range(60))

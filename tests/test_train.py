@@ -232,3 +232,15 @@ def test_a_failed_log_write_prints_no_traceback(monkeypatch: pytest.MonkeyPatch,
     no_logging_tracebacks()
     logger.error("received SIGTERM")
     assert capsys.readouterr().err == ""
+
+
+def test_a_resumed_run_removes_the_partial_saves_a_kill_left(make_config, tmp_path: Path) -> None:
+    """A SIGKILL during a save leaves its temporary file beside last.ckpt; resuming removes it (last.ckpt is whole)."""
+    directory = tmp_path / "run"
+    common = [*QUIET, "trainer.val_check_interval=3", "trainer.limit_val_batches=2"]
+    run(make_config([*common, "trainer.max_steps=3"], directory))
+    checkpoints = directory / "checkpoints"
+    orphan = checkpoints / ".last.ckpt.k1ll3d.tmp"
+    orphan.write_bytes(b"PK\x03\x04 cut short")
+    resumed = run(make_config([*common, "trainer.max_steps=5", f"ckpt_path={checkpoints / 'last.ckpt'}"], directory))
+    assert resumed["steps"] == 5 and not orphan.exists() and (checkpoints / "last.ckpt").is_file()

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import pickle
 import re
 import shutil
+import tempfile
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -66,13 +68,41 @@ def output_dir(cfg: DictConfig) -> Path:
 def locked(path: Path, mode: str = "a+") -> Iterator[IO[str]]:
     """``path`` opened in ``mode`` (created if missing) under an exclusive ``flock`` until it is closed, so writers
     that share a file (sweep jobs, evaluations) take turns on the file itself and no ``.lock`` file is left beside
-    it. Rewrite such a file in place (``seek(0)``, ``truncate()``), never by renaming another file over it."""
+    it. A writer that replaces the file (``write_atomic``) does so while holding the lock; one that was waiting then
+    finds its lock on the old file and opens the new one, so no row goes to a file that is no longer there."""
     import fcntl
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open(mode, newline="") as fh:
+    while True:
+        fh = path.open(mode, newline="")
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        yield fh  # closing the file releases the lock
+        try:
+            current = path.stat().st_ino == os.fstat(fh.fileno()).st_ino
+        except FileNotFoundError:
+            current = False
+        if current:
+            break
+        fh.close()
+    with fh:  # closing the file releases the lock
+        yield fh
+
+
+def write_atomic(path: Path, content: str | bytes) -> None:
+    """Write ``path`` so that a reader, or a crash at any moment, sees the old file or the new one, never a part of
+    either: a temporary file beside it, flushed to disk, then renamed over it. If the write fails (a full disk) the
+    temporary file is removed and the old file stays as it was."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = content.encode() if isinstance(content, str) else content
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(descriptor, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
 
 
 def remove_stub(directory: Path) -> None:
@@ -236,7 +266,7 @@ def write_results(path: Path, results: dict[str, Any]) -> None:
     cleaned = finite(results, "")
     if non_finite:
         cleaned["non_finite"] = non_finite
-    path.write_text(json.dumps(cleaned, indent=2, allow_nan=False, default=str))
+    write_atomic(path, json.dumps(cleaned, indent=2, allow_nan=False, default=str))
 
 
 # ------------------------------------------------------------------------------------------------ checkpoints

@@ -12,6 +12,7 @@ import io
 import json
 import logging
 import math
+import os
 import re
 import time
 from pathlib import Path
@@ -29,7 +30,7 @@ from attnlab.eval.lm import AttnlabLM
 from attnlab.eval.passkey import TASK as PASSKEY_TASK
 from attnlab.eval.passkey import fitting_lengths, per_length_accuracy
 from attnlab.hub import wandb_mode
-from attnlab.runs import locked, output_dir, write_results
+from attnlab.runs import locked, output_dir, write_atomic, write_results
 
 log = logging.getLogger(__name__)
 
@@ -139,16 +140,30 @@ def append_csv(path: Path, row: dict[str, Any]) -> None:
         text = fh.read()
         rows = list(csv.DictReader(io.StringIO(text, newline="")))
         fields = list(dict.fromkeys([*(rows[0].keys() if rows else []), *row.keys()]))
-        if rows and fields == list(rows[0].keys()):
+        out = io.StringIO(newline="")
+        writer = csv.DictWriter(out, fieldnames=fields)
+        if rows and fields == list(rows[0].keys()):  # append-only: one write, undone if it fails (a full disk)
             if not text.endswith(("\n", "\r")):
-                fh.write("\r\n")  # the csv module's line terminator
-            csv.DictWriter(fh, fieldnames=fields).writerow(row)
+                out.write("\r\n")  # the csv module's line terminator
+            writer.writerow(row)
+            size = fh.tell()
+            try:
+                fh.write(out.getvalue())
+                fh.flush()
+                os.fsync(fh.fileno())
+            except OSError as error:
+                fh.truncate(size)
+                raise ConfigError(
+                    "results_csv", f"could not add a row to {path} ({error.strerror}); it is as it was"
+                ) from None
             return
-        fh.seek(0)
-        fh.truncate()  # a new column: the whole table again, header first (appending now writes from the start)
-        writer = csv.DictWriter(fh, fieldnames=fields)
+        # a new column: the whole table again, header first, replacing the file at once (never rewritten in place)
         writer.writeheader()
         writer.writerows([*rows, row])
+        try:
+            write_atomic(path, out.getvalue())
+        except OSError as error:
+            raise ConfigError("results_csv", f"could not rewrite {path} ({error.strerror}); it is as it was") from None
 
 
 def log_wandb(row: dict[str, Any], record: dict[str, Any], out_dir: Path, wandb_cfg: dict[str, Any]) -> None:

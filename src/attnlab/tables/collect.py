@@ -12,6 +12,8 @@ from typing import Any
 import pandas as pd
 from scipy import stats
 
+from attnlab.runs import write_atomic
+
 REPRODUCES, OPPOSITE, INCONCLUSIVE = "reproduces", "opposite", "inconclusive"
 NO_PAPER_VALUE = "no paper value"  # the paper gives no number for the variant or the baseline: nothing to judge
 
@@ -335,13 +337,13 @@ def write(
     out_dir.mkdir(parents=True, exist_ok=True)
     if curves is not None and len(curves):
         markdown += "\n" + curves_markdown(curves, table)
-        curves.to_csv(out_dir / "curves.csv", index=False)
+        write_atomic(out_dir / "curves.csv", curves.to_csv(index=False))
     markdown += "".join("\n" + section for section in sections)
-    (out_dir / f"{table['name']}.md").write_text(markdown)
-    summary.to_csv(out_dir / f"{table['name']}.csv", index=False)
-    effect.to_csv(out_dir / "effects.csv", index=False)
-    checks.to_csv(out_dir / "phenomena.csv", index=False)
-    pd.DataFrame(records).to_csv(out_dir / "runs.csv", index=False)
+    write_atomic(out_dir / f"{table['name']}.md", markdown)
+    write_atomic(out_dir / f"{table['name']}.csv", summary.to_csv(index=False))
+    write_atomic(out_dir / "effects.csv", effect.to_csv(index=False))
+    write_atomic(out_dir / "phenomena.csv", checks.to_csv(index=False))
+    write_atomic(out_dir / "runs.csv", pd.DataFrame(records).to_csv(index=False))
     if wandb_cfg is not None:
         log_wandb(summary, effect, wandb_cfg)
     return markdown

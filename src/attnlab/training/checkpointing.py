@@ -121,6 +121,8 @@ class LastCheckpoint(ModelCheckpoint):
         super().on_train_start(trainer, pl_module)
         self._last_save_time = time.monotonic()
         self._last_global_step_saved = trainer.global_step  # a resumed run's start is already on disk
+        if trainer.is_global_zero and self.dirpath is not None:
+            remove_partial_saves(Path(self.dirpath))
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any) -> None:
         super().on_train_batch_end(trainer, pl_module, *args, **kwargs)  # the every-N-steps trigger
@@ -197,3 +199,14 @@ def last_checkpoint_path(trainer: L.Trainer) -> str | None:
         if isinstance(callback, LastCheckpoint) and callback.last_model_path:
             return callback.last_model_path if Path(callback.last_model_path).is_file() else None
     return None
+
+
+def remove_partial_saves(directory: Path) -> list[Path]:
+    """The temporary files of saves that a kill cut short (``AtomicCheckpointIO``'s ``.<name>.*.tmp``): never a
+    checkpoint, and nothing else writes into a run's own ``checkpoints/`` while it trains, so a starting or resumed
+    run removes them and says so."""
+    removed = sorted(directory.glob(".*.ckpt.*.tmp")) if directory.is_dir() else []
+    for path in removed:
+        path.unlink(missing_ok=True)
+        rank_zero_info(f"Removed {path.name}: a checkpoint save that was cut short (the checkpoint itself is whole)")
+    return removed

@@ -18,6 +18,7 @@ from attnlab.eval.analysis import outliers, sinks, selectivity, pruning  # noqa:
 from attnlab.data.tokenizer import joined_ids
 from attnlab.errors import ConfigError, require
 from attnlab.eval.analysis.common import METRICS, AnalysisInputs, perplexity, unwrap
+from attnlab.runs import write_atomic
 
 SHARED_OPTIONS: dict[str, Any] = {
     "texts": None,  # str or list of str, tokenized and joined with the end-of-text token
@@ -85,7 +86,7 @@ def run_analysis(model_or_module: nn.Module, tokenizer: Tokenizer, out_dir: Path
         summary.update({key: section[field] for key, field in METRICS[name].headline.items()})
     recorded = {k: v for k, v in options.items() if k not in ("texts", "eval_tokens", "calibration_tokens")}
     result = {"summary": summary, "options": recorded, **sections, "files": ["analysis.json", *inputs.files]}
-    (out / "analysis.json").write_text(json.dumps(result, indent=2))
+    write_atomic(out / "analysis.json", json.dumps(result, indent=2))
     return result
 
 
