@@ -1,0 +1,48 @@
+"""experiments/emergence.py on two hand-made runs: the curves it tables and the figure it draws."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from tests.conftest import ROOT
+
+
+def fake_run(sweep: Path, name: str, lr: str, kurtosis: list[float]) -> None:
+    run = sweep / name
+    (run / "csv").mkdir(parents=True)
+    (run / ".hydra").mkdir()
+    common = ["experiment=emergence", "ckpt_path=${resume_ckpt:}"]
+    (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([*common, f"optim.lr={lr}"]))
+    (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"model": {"n_layer": 4, "n_embd": 256, "n_head": 4}}))
+    rows = []
+    for i, k in enumerate(kurtosis):
+        step = 250 * (i + 1) - 1
+        rows.append({"step": step, "train/loss": 6.0})  # a training row: no validation metrics
+        rows.append({"step": step, "outliers/kurtosis_max": k, "outliers/max_inf_norm": 10 * k})
+        rows[-1] |= {"sinks/sink_share": 0.01, "val/loss": 6.0 - i / 10}
+    pd.DataFrame(rows).to_csv(run / "csv" / "metrics.csv", index=False)
+
+
+def test_curves_and_figure_of_a_search(tmp_path: Path) -> None:
+    sweep, out = tmp_path / "search", tmp_path / "out"
+    fake_run(sweep, "tiny-vanilla-s1-aaa", "0.002", [17.0, 35.0, 30.0])
+    fake_run(sweep, "tiny-vanilla-s1-bbb", "0.006", [74.0, 121.0])
+    done = subprocess.run(
+        [sys.executable, "experiments/emergence.py", str(sweep), "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    curves = pd.read_csv(out / "curves.csv")
+    kurtosis = curves[curves["metric"] == "outliers/kurtosis_max"]
+    assert set(kurtosis["setting"]) == {"optim.lr=0.002", "optim.lr=0.006"}  # only what differs between runs
+    assert kurtosis.groupby("setting")["step"].max().to_dict() == {"optim.lr=0.002": 750, "optim.lr=0.006": 500}
+    assert (out / "emergence.png").stat().st_size > 10_000
+    assert "| optim.lr=0.006 |" in done.stdout and "121" in done.stdout  # each setting's last point
