@@ -195,3 +195,40 @@ def test_writers_that_wait_while_the_file_is_replaced_lose_no_row(tmp_path: Path
         list(pool.map(add, range(60)))
     rows = list(csv.DictReader(results.open(newline="")))
     assert sorted(r["checkpoint"] for r in rows) == sorted(f"{i}.ckpt" for i in range(60))
+
+
+@pytest.mark.slow
+def test_a_run_never_writes_into_another_runs_directory_or_deletes_a_users(tmp_path: Path, data_cache: Path) -> None:
+    """A finished run's directory is refused (its last.ckpt, results.json and metrics stay), resuming it with its
+    own checkpoint is allowed; a failing run in a user's existing directory removes only what it wrote."""
+    import hashlib
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    def train(*overrides: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "train.py", *S, *overrides, f"paths.cache_dir={data_cache}", "print_config=false"]
+        return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+    finished = tmp_path / "finished"
+    assert train(f"hydra.run.dir={finished}").returncode == 0
+    digests = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in finished.rglob("*") if p.is_file()}
+    refused = train("seed=7", f"hydra.run.dir={finished}")
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == (
+        f"error: hydra.run.dir: {finished} holds a finished run (results.json); a new run would overwrite it. Choose "
+        f"another directory, or continue that run with ckpt_path={finished}/checkpoints/last.ckpt"
+    )
+    assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in finished.rglob("*") if p.is_file()} == digests
+    resumed = train("trainer.max_steps=3", f"hydra.run.dir={finished}", f"ckpt_path={finished}/checkpoints/last.ckpt")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+
+    users = tmp_path / "mine"
+    users.mkdir()
+    (users / "notes.log").write_text("my own log")
+    failed = train("data=text_files", "data.files=[/nosuch/*.txt]", f"hydra.run.dir={users}")
+    assert failed.returncode == 1 and "error: data.files: no files match" in failed.stderr
+    assert (
+        sorted(p.name for p in users.iterdir()) == ["notes.log"] and (users / "notes.log").read_text() == "my own log"
+    )

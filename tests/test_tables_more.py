@@ -50,14 +50,14 @@ def test_paper_scale_composes(name: str) -> None:
 
 @pytest.mark.parametrize("name", ["table3", "table4", *ABLATIONS, *FROM_SCRATCH])
 def test_every_scale_reports_each_model_under_one_paper_row(name: str) -> None:
-    """The gating table once inherited the protocol's OPT-125m row beside its own 15B MoE row: the same cells were
+    """The gating table once inherited the protocol's OPT-125m row beside its own repo-plot row: the same cells were
     reported twice. Each table names its rows; the engine refuses two rows on one model."""
     table = load_table(name, ROOT)
     for scale, settings in table["scales"].items():
         engine = Engine(table, scale, root=ROOT, runs_dir=Path("unused"))
         assert len(set(settings["rows"].values())) == len(settings["rows"]) == len({c.row for c in engine.cells()})
     if name == "gating":
-        assert all(list(settings["rows"]) == ["15B MoE"] for settings in table["scales"].values())
+        assert all(list(settings["rows"]) == ["repo plot"] for settings in table["scales"].values())
     doubled = {**table, "scales": {"cpu": {**table["scales"]["cpu"], "rows": {"A": "tiny", "B": "tiny"}}}}
     with pytest.raises(ConfigError, match=r"table\.scales\.cpu\.rows: one model per paper row"):
         Engine(doubled, "cpu", root=ROOT, runs_dir=Path("unused"))

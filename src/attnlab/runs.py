@@ -105,13 +105,42 @@ def write_atomic(path: Path, content: str | bytes) -> None:
         raise
 
 
+# run directory -> the names it held before Hydra wrote into it (recorded by ValidateBeforeWriting); a directory
+# that is not here did not exist before this run
+EXISTING_BEFORE: dict[str, set[str]] = {}
+
+
 def remove_stub(directory: Path) -> None:
-    """Remove a run directory that holds nothing but what Hydra wrote before the task failed (config, log)."""
+    """Remove what Hydra wrote before the task failed (``.hydra/``, the job's log), and the directory itself only
+    if this run created it: a directory that was there before (a user's own, passed as ``hydra.run.dir``) keeps
+    everything it held."""
     if not directory.is_dir():
         return
-    entries = list(directory.iterdir())
-    if all(entry.name == ".hydra" or (entry.is_file() and entry.suffix == ".log") for entry in entries):
+    before = EXISTING_BEFORE.get(str(directory.resolve()))
+    created = [entry for entry in directory.iterdir() if before is None or entry.name not in before]
+    if not all(entry.name == ".hydra" or (entry.is_file() and entry.suffix == ".log") for entry in created):
+        return
+    if before is None:
         shutil.rmtree(directory)
+        return
+    for entry in created:
+        shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+
+
+def check_run_directory(directory: Path, ckpt_path: str | None) -> None:
+    """A new run never writes into another run's directory: one that finished (``results.json``) or holds a run's
+    checkpoints is refused, unless this run resumes from that directory's own checkpoint."""
+    finished, saved = (directory / RESULTS_FILE).is_file(), (directory / LAST_CHECKPOINT).is_file()
+    if not (finished or saved):
+        return
+    resuming_here = bool(ckpt_path) and Path(ckpt_path).resolve().is_relative_to(directory.resolve())
+    what = "a finished run (results.json)" if finished else "a run's checkpoints (checkpoints/last.ckpt)"
+    require(
+        resuming_here,
+        "hydra.run.dir",
+        f"{directory} holds {what}; a new run would overwrite it. Choose another directory, or continue that run "
+        f"with ckpt_path={directory / LAST_CHECKPOINT}",
+    )
 
 
 # ------------------------------------------------------------------------------------------------ run spec
@@ -243,7 +272,12 @@ class ValidateBeforeWriting(Callback):
         self.entry = entry
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        directory = Path(OmegaConf.select(config, "hydra.run.dir"))
+        if directory.is_dir():
+            EXISTING_BEFORE[str(directory.resolve())] = {entry.name for entry in directory.iterdir()}
         try:
+            if self.entry == "train" and config.hydra.output_subdir is not None:  # not a DDP rank > 0 in rank 0's
+                check_run_directory(directory, config.get("ckpt_path"))
             self.CHECKS[self.entry](config)
         except ConfigError as exc:
             raise SystemExit(f"error: {exc}") from None
