@@ -198,11 +198,11 @@ def check_trainer_ranges(cfg: DictConfig, machine: bool = True) -> None:
         f"must be a norm >= 0 or null (no clipping), got {clip!r}",
     )
     limit = trainer.get("limit_val_batches", 1.0)
-    allowed = "a count >= 1 or a fraction in (0, 1] (every run validates: results report its validation loss)"
+    allowed = "a count >= 0 or a fraction in [0, 1] (0: no validation, which the run's log says)"
     if isinstance(limit, float):
-        require(0 < limit <= 1, "trainer.limit_val_batches", f"must be {allowed}, got {limit}")
+        require(0 <= limit <= 1, "trainer.limit_val_batches", f"must be {allowed}, got {limit}")
     else:
-        require(isinstance(limit, int) and limit >= 1, "trainer.limit_val_batches", f"must be {allowed}, got {limit!r}")
+        require(isinstance(limit, int) and limit >= 0, "trainer.limit_val_batches", f"must be {allowed}, got {limit!r}")
 
 
 def check_across_keys(cfg: DictConfig) -> None:

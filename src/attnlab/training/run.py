@@ -138,6 +138,8 @@ def run(cfg: DictConfig, evaluate: Callable[[str], dict[str, Any]] | None = None
     if cfg.get("train_tokens"):
         trainer.fit_loop.epoch_loop.max_steps = steps_for_tokens(cfg, accumulation, trainer.world_size)
     horizon = (resumed and resumed.spec.get("schedule_steps")) or trainer.max_steps
+    if not cfg.trainer.get("limit_val_batches", 1.0):  # allowed (make bench times the loop alone), never silent
+        log.warning("trainer.limit_val_batches=0: this run does not validate; results.json reports val_loss null")
     if optim.warmup_steps > horizon:  # legitimate for a smoke run, but never what a real run wants: say so
         log.warning(
             "optim.warmup_steps=%d is longer than the run (%d steps): the learning rate never reaches optim.lr=%g",
