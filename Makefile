@@ -60,7 +60,7 @@ reproduce-table2: $(STAMP)  ## SSA Table 2 (synthetic denoising + L/sigma sweep,
 reproduce-table3: $(STAMP)  ## SSA Table 3 (pretrain + fine-tune, 3 seeds; SCALE=cpu|paper|smoke) -> experiments/results/table3/
 	$(TABLE) table=table3
 
-reproduce-table4: $(STAMP)  ## SSA Table 4 (passkey retrieval; SCALE=cpu|paper|smoke) -> experiments/results/table4/
+reproduce-table4: $(STAMP)  ## SSA Table 4 (passkey retrieval; SCALE=cpu|cpu_long|paper|smoke; cpu_long: fine-tuned until vanilla retrieves) -> experiments/results/table4/
 	$(TABLE) table=table4
 
 reproduce-table5: $(STAMP)  ## SSA Table 5 (temperature on K/Q/V, fine-tune; SCALE=cpu|paper|smoke) -> experiments/results/table5/
