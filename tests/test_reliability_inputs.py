@@ -233,3 +233,39 @@ def test_a_run_never_writes_into_another_runs_directory_or_deletes_a_users(tmp_p
     assert (
         sorted(p.name for p in users.iterdir()) == ["notes.log"] and (users / "notes.log").read_text() == "my own log"
     )
+
+
+def fake_checkpoint(path: Path, model: dict | None = None, step: object = 3, spec: object = None) -> Path:
+    import torch
+
+    weights = {"model.wte.weight": torch.zeros(10, 4), "model.blocks.0.attn.qkv.weight": torch.zeros(12, 4)}
+    model = {"n_layer": 1, "n_head": 2, "n_embd": 4, "vocab_size": 10, "block_size": 8} | (model or {})
+    record = {"spec": {"model": model, "attention": {"name": "vanilla"}} if spec is None else spec, "tokenizer": "{}"}
+    torch.save({"state_dict": weights, "global_step": step, "attnlab": record | {"data": {}}}, path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"model": {"n_layer": 10**6}}, "its record says model.n_layer=1000000 but its weights have 1"),
+        ({"model": {"n_embd": 2**20}}, "its record says model.n_embd=1048576 but its weights have 4"),
+        ({"model": {"vocab_size": 11}}, "its record says model.vocab_size=11 but its weights have 10"),
+        ({"model": {"n_head": "two"}}, "its record's model.n_head is 'two', not a positive integer"),
+        ({"step": "abc"}, "its global_step 'abc' is not a step count"),
+        ({"spec": {"attention": {}}}, "its record has no model or attention section"),
+        ({"spec": "junk"}, "its attnlab record is malformed"),
+    ],
+)
+def test_a_checkpoints_record_is_checked_against_its_weights_before_anything_is_built(
+    tmp_path: Path, change: dict, problem: str
+) -> None:
+    """A record is data from a file: a size in it that its tensors contradict is refused in one line before a model
+    of that size is allocated (a million layers took the machine's memory)."""
+    from attnlab.runs import load_checkpoint
+
+    path = fake_checkpoint(tmp_path / "last.ckpt", **change)
+    with pytest.raises(ConfigError, match=r"model\.init_from") as refused:
+        load_checkpoint(path, key="model.init_from")
+    assert problem in str(refused.value)
+    assert load_checkpoint(fake_checkpoint(tmp_path / "good.ckpt")).global_step == 3

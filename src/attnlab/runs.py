@@ -368,11 +368,49 @@ def load_checkpoint(path: str | Path, key: str = "ckpt_path") -> RunCheckpoint:
         for name, value in raw["state_dict"].items()
         if name.startswith(MODEL_PREFIX)
     }
-    step = int(raw.get("global_step", 0))
+    step = raw.get("global_step", 0)
+    require(isinstance(step, int) and step >= 0, key, f"{path}: its global_step {step!r} is not a step count")
     if RECORD_KEY in raw:
         saved = raw[RECORD_KEY]
-        return RunCheckpoint(path, saved["spec"], saved["tokenizer"], saved["data"], weights, step)
+        require(
+            isinstance(saved, dict) and isinstance(saved.get("spec"), dict) and isinstance(saved.get("tokenizer"), str),
+            key,
+            f"{path}: its attnlab record is malformed (no spec or tokenizer); it was not written by this train.py",
+        )
+        check_record_against_weights(path, saved["spec"], weights, key)
+        return RunCheckpoint(path, saved["spec"], saved["tokenizer"], saved.get("data") or {}, weights, step)
     return legacy_checkpoint(path, raw, weights, step)
+
+
+def check_record_against_weights(path: Path, spec: dict[str, Any], weights: dict[str, Tensor], key: str) -> None:
+    """The model a checkpoint's record describes must be the one its weights are: a record is data from a file, so
+    a size in it is checked against the tensors before anything is built (a record claiming a million layers would
+    otherwise allocate them)."""
+    model, attention = spec.get("model"), spec.get("attention")
+    require(
+        isinstance(model, dict) and isinstance(attention, dict),
+        key,
+        f"{path}: its record has no model or attention section; it was not written by this train.py",
+    )
+    for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
+        value = model.get(name)
+        require(
+            value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0),
+            key,
+            f"{path}: its record's model.{name} is {value!r}, not a positive integer",
+        )
+    blocks = {int(match[1]) for name in weights if (match := re.match(r"blocks\.(\d+)\.", name))}
+    embedding = weights.get("wte.weight")
+    found = {"n_layer": len(blocks)} if blocks else {}
+    if embedding is not None and embedding.dim() == 2:
+        found |= {"vocab_size": int(embedding.shape[0]), "n_embd": int(embedding.shape[1])}
+    for name, actual in found.items():
+        claimed = model.get(name)
+        require(
+            claimed is None or claimed == actual,
+            key,
+            f"{path}: its record says model.{name}={claimed} but its weights have {actual}; the file is inconsistent",
+        )
 
 
 def legacy_checkpoint(path: Path, raw: dict[str, Any], weights: dict[str, Tensor], step: int) -> RunCheckpoint:
