@@ -32,7 +32,7 @@ install: $(STAMP)  ## create .venv and install attnlab with torch==2.13.0 (CPU w
 train: $(STAMP)  ## train the default tiny model on the embedded corpus (extra Hydra overrides: ARGS="...")
 	$(PY) train.py $(ARGS)
 
-test: $(STAMP)  ## the default test suite (~12 min on 2 idle CPU cores: 1,783 tests)
+test: $(STAMP)  ## the default test suite (1,868 tests: 5-11 min on 2 cores shared with 2-3 background trainings, 2026-11-24)
 	$(PY) -m pytest -q $(ARGS)
 
 test-slow: $(STAMP)  ## the slow tests: longer CPU training runs per variant
