@@ -269,3 +269,15 @@ def test_a_checkpoints_record_is_checked_against_its_weights_before_anything_is_
         load_checkpoint(path, key="model.init_from")
     assert problem in str(refused.value)
     assert load_checkpoint(fake_checkpoint(tmp_path / "good.ckpt")).global_step == 3
+
+
+def test_a_gpu_trainer_without_a_gpu_is_one_line(make_config) -> None:
+    import torch
+
+    from attnlab.runs import validate_train_config
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ConfigError, match=r"^trainer\.accelerator: gpu asks for a GPU and torch sees none"):
+        validate_train_config(make_config([*S, "trainer.accelerator=gpu"]))
+    validate_train_config(make_config([*S, "trainer.accelerator=gpu"]), check_machine=False)  # a launcher's GPUs
