@@ -39,9 +39,7 @@ def test_save_is_a_rename_inside_the_destination_directory(tmp_path: Path, monke
     monkeypatch.setattr("tempfile.tempdir", None)  # re-read $TMPDIR, as a fresh process would
     renames = []
     real_replace = os.replace
-    monkeypatch.setattr(
-        checkpointing.os, "replace", lambda src, dst: (renames.append((src, dst)), real_replace(src, dst))
-    )
+    monkeypatch.setattr(os, "replace", lambda src, dst: (renames.append((src, dst)), real_replace(src, dst)))
     target = tmp_path / "checkpoints" / "last.ckpt"
     try:
         AtomicCheckpointIO().save_checkpoint(STATE, target)

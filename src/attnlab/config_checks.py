@@ -30,6 +30,15 @@ PRECISIONS = ("16-mixed", "bf16-mixed", "32-true", "64-true", "16-true", "bf16-t
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
 
 
+def typed(value: Any, kind: type, key: str, allowed: str) -> Any:
+    """``value`` as ``kind`` (an int may stand for a float, a bool for nothing else), or a ConfigError."""
+    ok = isinstance(value, kind) and not isinstance(value, bool)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    require(ok, key, f"{allowed}, got {value!r}")
+    return value
+
+
 def describe(annotation: Any) -> str:
     """``int``, ``float | None``, ``list[str]``: an annotation as the user reads it."""
     name = getattr(annotation, "__name__", None)
@@ -159,12 +168,26 @@ def check_targets(cfg: DictConfig) -> None:
             build(target, node, f"callbacks.{name}")
 
 
-def check_trainer_ranges(cfg: DictConfig, machine: bool = True) -> None:
+def check_trainer(cfg: DictConfig, machine: bool = True) -> None:
     """The trainer keys Lightning refuses with a traceback, or accepts and then ignores. ``machine``: also that the
     devices asked for are on this machine."""
     import torch
 
     trainer = plain_items(cfg.get("trainer"))
+    max_steps = typed(trainer.get("max_steps"), int, "trainer.max_steps", "must be a positive integer")
+    require(max_steps > 0, "trainer.max_steps", f"must be a positive integer, got {max_steps}")
+    accumulate = typed(
+        trainer.get("accumulate_grad_batches", 1), int, "trainer.accumulate_grad_batches", "must be an integer >= 1"
+    )
+    require(accumulate >= 1, "trainer.accumulate_grad_batches", f"must be an integer >= 1, got {accumulate}")
+    interval = trainer.get("val_check_interval")
+    if interval is not None:
+        allowed = "must be a positive number of steps or a fraction of an epoch in (0, 1]"
+        if isinstance(interval, float):
+            require(0 < interval <= 1, "trainer.val_check_interval", f"{allowed}, got {interval}")
+        else:
+            interval = typed(interval, int, "trainer.val_check_interval", allowed)
+            require(interval > 0, "trainer.val_check_interval", f"{allowed}, got {interval}")
     precision = str(trainer.get("precision", "32-true"))
     require(precision in PRECISIONS, "trainer.precision", f"got {precision!r}; allowed: {', '.join(PRECISIONS)}")
     accelerator = trainer.get("accelerator", "auto")
@@ -177,7 +200,15 @@ def check_trainer_ranges(cfg: DictConfig, machine: bool = True) -> None:
             f"{accelerator} asks for a GPU and torch sees none; use trainer=cpu (or trainer.accelerator=auto)",
         )
     strategy = trainer.get("strategy", "auto")
-    if not isinstance(strategy, Mapping):
+    if isinstance(strategy, Mapping):
+        if str(strategy.get("_target_", "")).endswith("strategies.fsdp"):
+            require(
+                accelerator in ("gpu", "cuda", "auto"),
+                "trainer.accelerator",
+                f"trainer=fsdp runs on GPUs only (Lightning's FSDPStrategy), got {accelerator!r}; "
+                "on the CPU use trainer=ddp_cpu",
+            )
+    else:
         from lightning.pytorch.strategies import StrategyRegistry
 
         allowed = ["auto", *StrategyRegistry.available_strategies()]
@@ -209,9 +240,9 @@ def check_across_keys(cfg: DictConfig) -> None:
     seed = cfg.get("seed")
     require(0 <= seed <= SEED_MAX, "seed", f"must be in [0, {SEED_MAX}], got {seed}")
     data = plain_items(cfg.get("data"))
-    for key in ("block_size", "batch_size"):
-        value = data.get(key)
-        require(isinstance(value, int) and value >= 1, f"data.{key}", f"must be an integer >= 1, got {value!r}")
+    block_size = data.get("block_size")  # (data.batch_size: validate_train_config's own check)
+    allowed = f"must be an integer >= 1, got {block_size!r}"
+    require(isinstance(block_size, int) and block_size >= 1, "data.block_size", allowed)
     require(data.get("num_workers", 0) >= 0, "data.num_workers", f"must be >= 0, got {data.get('num_workers')}")
     vocab = data.get("tokenizer_vocab_size")
     require(
@@ -225,7 +256,7 @@ def check_run_config(cfg: DictConfig, machine: bool = True) -> None:
     """All of the above, in the order a user would fix them. ``machine=False`` leaves out whether the devices and
     files the config names are on this machine now: the table engine checks cells that a launcher may run
     elsewhere, and that start from checkpoints an earlier stage has yet to write."""
+    check_trainer(cfg, machine)
     check_model_and_attention(cfg, machine)
     check_across_keys(cfg)
     check_targets(cfg)
-    check_trainer_ranges(cfg, machine)

@@ -3,7 +3,6 @@ nodes generated from the dataclasses (``attention=<preset>``, the model defaults
 
 from __future__ import annotations
 
-import hashlib
 import os
 import secrets
 from datetime import datetime
@@ -11,6 +10,8 @@ from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
+
+from attnlab.digest import digest
 
 # One id per process: a timestamp plus random hex, so two runs started in the same second never share a
 # directory, while every interpolation inside one process (hydra.run.dir, a sweep's dir) sees the same id.
@@ -37,7 +38,7 @@ def job_dirname(num: int, overrides: str) -> str:
     name = f"{num}_{overrides}"
     if len(name.encode()) <= 120:
         return name
-    return f"{name.encode()[:100].decode(errors='ignore')}_{hashlib.sha1(name.encode()).hexdigest()[:10]}"
+    return f"{name.encode()[:100].decode(errors='ignore')}_{digest(name, 10)}"
 
 
 if not OmegaConf.has_resolver("job_dirname"):

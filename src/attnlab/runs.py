@@ -16,7 +16,7 @@ import re
 import shutil
 import tempfile
 import zipfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from tokenizers import Tokenizer
 from torch import Tensor
 
+from attnlab.config_checks import check_run_config, typed
 from attnlab.errors import ConfigError, require, require_choice
 
 if TYPE_CHECKING:
@@ -87,22 +88,43 @@ def locked(path: Path, mode: str = "a+") -> Iterator[IO[str]]:
         yield fh
 
 
-def write_atomic(path: Path, content: str | bytes) -> None:
+def write_atomic(path: Path, content: str | bytes | Callable[[IO[bytes]], None]) -> None:
     """Write ``path`` so that a reader, or a crash at any moment, sees the old file or the new one, never a part of
-    either: a temporary file beside it, flushed to disk, then renamed over it. If the write fails (a full disk) the
-    temporary file is removed and the old file stays as it was."""
+    either: a temporary file beside it (``.<name>.<random>.tmp``, so the rename never crosses a filesystem), flushed
+    to disk, renamed over it, and the rename made durable. ``content``: text, bytes, or a function that writes into
+    the open binary file (``torch.save``). If the write fails (a full disk) the temporary file is removed and the old
+    file stays as it was."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = content.encode() if isinstance(content, str) else content
     descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(descriptor, "wb") as fh:
-            fh.write(data)
+            os.fchmod(fh.fileno(), 0o666 & ~current_umask())  # mkstemp's 0600 would hide the file from the group
+            if callable(content):
+                content(fh)
+            else:
+                fh.write(content.encode() if isinstance(content, str) else content)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+    fsync_directory(path.parent)
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make a rename itself durable (the directory entry), not only the file's bytes."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 # run directory -> the names it held before Hydra wrote into it (recorded by ValidateBeforeWriting); a directory
@@ -171,15 +193,6 @@ class OptimSpec:
         require_choice(self.schedule, SCHEDULES, "optim.schedule")
 
 
-def typed(value: Any, kind: type, key: str, allowed: str) -> Any:
-    """``value`` as ``kind`` (an int may stand for a float, a bool for nothing else), or a ConfigError."""
-    ok = isinstance(value, kind) and not isinstance(value, bool)
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    require(ok, key, f"{allowed}, got {value!r}")
-    return value
-
-
 def optim_spec(values: dict[str, Any]) -> OptimSpec:
     """The optimiser section, typed: unknown keys and values of the wrong type are errors naming the key."""
     known = {f.name: f for f in fields(OptimSpec)}
@@ -191,32 +204,6 @@ def optim_spec(values: dict[str, Any]) -> OptimSpec:
         for key, value in values.items()
     }
     return OptimSpec(**checked)
-
-
-def check_trainer(trainer: DictConfig | dict[str, Any]) -> None:
-    """The trainer values Lightning would reject with a traceback (or accept and do nothing with)."""
-    max_steps = typed(trainer.get("max_steps"), int, "trainer.max_steps", "must be a positive integer")
-    require(max_steps > 0, "trainer.max_steps", f"must be a positive integer, got {max_steps}")
-    accumulate = typed(
-        trainer.get("accumulate_grad_batches", 1), int, "trainer.accumulate_grad_batches", "must be an integer >= 1"
-    )
-    require(accumulate >= 1, "trainer.accumulate_grad_batches", f"must be an integer >= 1, got {accumulate}")
-    interval = trainer.get("val_check_interval")
-    if interval is not None:
-        allowed = "must be a positive number of steps or a fraction of an epoch in (0, 1]"
-        if isinstance(interval, float):
-            require(0 < interval <= 1, "trainer.val_check_interval", f"{allowed}, got {interval}")
-        else:
-            interval = typed(interval, int, "trainer.val_check_interval", allowed)
-            require(interval > 0, "trainer.val_check_interval", f"{allowed}, got {interval}")
-    strategy = trainer.get("strategy")
-    if isinstance(strategy, Mapping) and str(strategy.get("_target_", "")).endswith("strategies.fsdp"):
-        require(
-            trainer.get("accelerator") in ("gpu", "cuda", "auto"),
-            "trainer.accelerator",
-            f"trainer=fsdp runs on GPUs only (Lightning's FSDPStrategy), got {trainer.get('accelerator')!r}; "
-            "on the CPU use trainer=ddp_cpu",
-        )
 
 
 def check_common(cfg: DictConfig) -> None:
@@ -236,12 +223,9 @@ def check_common(cfg: DictConfig) -> None:
 def validate_train_config(cfg: DictConfig, check_machine: bool = True) -> OptimSpec:
     """Everything ``train.py`` can check before it writes anything; returns the typed optimiser spec.
     ``check_machine=False``: not whether the devices and files the config names are on this machine now."""
-    from attnlab.config_checks import check_run_config
-
     check_common(cfg)
     batch_size = typed(cfg.data.get("batch_size"), int, "data.batch_size", "must be a positive integer")
     require(batch_size > 0, "data.batch_size", f"must be a positive integer, got {batch_size}")
-    check_trainer(cfg.trainer)
     check_run_config(cfg, machine=check_machine)
     compile_flag = cfg.get("compile", False)
     require(isinstance(compile_flag, bool), "compile", f"must be true or false, got {compile_flag!r}")

@@ -8,9 +8,7 @@ RNG states are not part of a checkpoint.
 
 from __future__ import annotations
 
-import os
 import random
-import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -25,6 +23,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from attnlab.errors import require
+from attnlab.runs import write_atomic
 
 
 class CheckpointWriteError(OSError):
@@ -36,52 +35,22 @@ class CheckpointWriteError(OSError):
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """``torch.save`` into a temp file beside the target, fsync, ``os.replace``, fsync the directory.
-
-    The temp file lives in the destination directory, so the rename never crosses a filesystem and a reader
-    (or a kill at any instant) sees either the complete old checkpoint or the complete new one.
+    """``torch.save`` through ``write_atomic``: a temp file beside the target, fsync, ``os.replace``, fsync the
+    directory, so a reader (or a kill at any instant) sees either the complete old checkpoint or the complete new one.
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} does not take storage_options")
         target = Path(path)
-        tmp_name = None
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-            os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would hide checkpoints from the group
-            with os.fdopen(fd, "wb") as fh:
-                torch.save(checkpoint, fh)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp_name, target)
-            tmp_name = None
-            _fsync_directory(target.parent)
+            write_atomic(target, lambda fh: torch.save(checkpoint, fh))
         except (OSError, RuntimeError) as exc:
             # torch.save reports a failed write from its zip writer as a RuntimeError caused by the OSError
             cause = exc if isinstance(exc, OSError) else exc.__context__
             if not isinstance(cause, OSError):
                 raise
             raise CheckpointWriteError(target, cause) from exc
-        finally:
-            if tmp_name is not None:
-                Path(tmp_name).unlink(missing_ok=True)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make the rename itself durable (the directory entry), not only the file's bytes."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class LastCheckpoint(ModelCheckpoint):
