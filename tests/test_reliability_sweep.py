@@ -3,7 +3,9 @@ non-zero exit, and experiments/compare.py lists the missing job under the table.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import MICRO_DATA, MICRO_MODEL, ROOT
+
+UNBUFFERED = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 pytestmark = pytest.mark.slow
 
@@ -37,6 +41,33 @@ def test_a_failed_job_is_its_own_and_the_sweep_reports_it(tmp_path: Path, data_c
     assert table.returncode == 0, table.stderr
     assert "warning: 1 jobs of the sweep are not in the table" in table.stderr
     assert re.search(rf"- job 1 \(model.n_head=3 [^)]*\): {error}", table.stdout)
+
+
+def test_a_sweep_stopped_by_sigterm_saves_its_job_and_starts_no_other(tmp_path: Path, data_cache: Path) -> None:
+    """SIGTERM while job 0 trains: job 0 saves its last.ckpt, job 1 never starts, and the exit status is 143 (128 +
+    SIGTERM), so a caller such as the table engine can tell a stop from a failed job (exit 1)."""
+    swept = tmp_path / "sweep"
+    overrides = [*MICRO_MODEL, *MICRO_DATA, "trainer=cpu", "callbacks.progress_bar.refresh_rate=0"]
+    overrides += ["trainer.max_steps=400", "callbacks.last_checkpoint.every_n_train_steps=4"]
+    command = [sys.executable, "train.py", "-m", "seed=1,2", *overrides]
+    command += [f"paths.cache_dir={data_cache}", f"hydra.sweep.dir={swept}"]
+    process = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=UNBUFFERED
+    )
+    seen = []
+    for line in process.stdout:
+        seen.append(line)
+        if "Saved step 4" in line:
+            process.send_signal(signal.SIGTERM)
+            break
+    seen.extend(process.stdout)
+    process.wait(timeout=120)
+    output = "".join(seen)
+    assert process.returncode == 143, output[-3000:]
+    assert "stopped by SIGTERM" in output and "the sweep stops here" in output
+    assert "Traceback" not in output
+    assert [p.name for p in swept.glob("*/checkpoints/last.ckpt")] == ["last.ckpt"]  # job 0's only
+    assert not list(swept.glob("1_*"))
 
 
 def sweep(arguments: list[str], data_cache: Path) -> subprocess.CompletedProcess:

@@ -237,8 +237,13 @@ def test_a_bad_override_stops_the_table_before_any_cell_launches(tmp_path: Path)
 
 
 @pytest.mark.slow
-def test_sigint_to_a_table_is_one_line_and_exit_130(tmp_path: Path, data_cache: Path) -> None:
-    """Ctrl-C while a cell trains: the engine says what was interrupted and how to resume, with no traceback."""
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_to_a_table_stops_its_training_and_is_one_line(
+    sig: signal.Signals, tmp_path: Path, data_cache: Path
+) -> None:
+    """Ctrl-C at the terminal (SIGINT to the engine's process group) or SIGTERM to the engine alone, while a cell
+    trains: the engine passes it on, waits for the sweep to save and stop, says what was interrupted and how to
+    resume, and exits 128 + the signal; no training process outlives it and no later cell starts."""
     command = [sys.executable, "experiments/reproduce_table.py", "table=table3", "scale=smoke"]
     command += [f"runs_dir={tmp_path}/runs", f"results_dir={tmp_path}/results", f"args='paths.cache_dir={data_cache}'"]
     process = subprocess.Popen(
@@ -247,8 +252,27 @@ def test_sigint_to_a_table_is_one_line_and_exit_130(tmp_path: Path, data_cache: 
     deadline = time.monotonic() + 300
     while not list((tmp_path / "runs").glob("*/.hydra")) and time.monotonic() < deadline:
         time.sleep(0.2)
-    os.killpg(process.pid, signal.SIGINT)  # as the terminal does: the engine and its training sweep
+    if sig == signal.SIGINT:
+        os.killpg(process.pid, sig)  # as the terminal does: to the engine's whole process group
+    else:
+        process.send_signal(sig)  # as `kill` or a scheduler does: to the engine alone
     _, stderr = process.communicate(timeout=300)
-    assert process.returncode == 130, stderr[-3000:]
-    assert stderr.strip().splitlines()[-1].startswith("interrupted: table3 at scale smoke; finished cells are kept")
+    assert process.returncode == 128 + sig, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith(f"interrupted ({sig.name}): table3 at scale smoke; finished cells are kept"), last
     assert "Traceback" not in stderr
+    assert not training_processes(tmp_path)
+    assert len(list((tmp_path / "runs").glob("*/.hydra"))) == 1  # the sweep stopped at its first cell
+
+
+def training_processes(under: Path) -> list[str]:
+    """Command lines of the running processes that name ``under`` (a table's train.py sweeps do)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(under) in text and "train.py" in text:
+            found.append(text)
+    return found

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -36,6 +38,45 @@ TRAINING_METRICS = (
     "val_ppl",
     "unigram_ppl",
 )  # from each cell's results.json: token perplexity and its unigram baseline
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class TableInterrupted(Exception):
+    """The table stopped on a signal, to the engine or to one of its training sweeps: nothing more is launched."""
+
+    def __init__(self, signal_number: int) -> None:
+        super().__init__(signal.Signals(signal_number).name)
+        self.signal_number = signal_number
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + self.signal_number
+
+
+def run_sweep(command: list[str], cwd: Path) -> None:
+    """Run one training sweep to its end. The sweep gets its own process group, so a Ctrl-C at the terminal reaches
+    the engine alone and is passed on once (a second SIGINT would cut short the cell's last checkpoint write); a
+    SIGINT or SIGTERM to the engine is passed on the same way and waited for, so the cell saves its last.ckpt and no
+    training outlives the table. A sweep that a signal stopped (exit status 128 + the signal) stops the table too."""
+    process = subprocess.Popen(command, cwd=cwd, process_group=0)
+    received: list[int] = []
+
+    def forward(signal_number: int, _frame: object) -> None:
+        received.append(signal_number)
+        process.send_signal(signal_number)
+
+    in_main_thread = threading.current_thread() is threading.main_thread()  # only it may set signal handlers
+    previous = {s: signal.signal(s, forward) for s in STOP_SIGNALS} if in_main_thread else {}
+    try:
+        status = process.wait()
+    finally:
+        for signal_number, handler in previous.items():
+            signal.signal(signal_number, handler)
+    stopped_by = received[:1] or [s for s in STOP_SIGNALS if status in (-s, 128 + s)]
+    if stopped_by:
+        raise TableInterrupted(stopped_by[0])
 
 
 @dataclass(frozen=True)
@@ -242,13 +283,14 @@ class Engine:
         ]
 
     def train(self, cells: list[Cell]) -> None:
-        """Run each stage's pending cells; a failed sweep stops the table with the cells it left unfinished."""
+        """Run each stage's pending cells; a failed sweep stops the table with the cells it left unfinished, a signal
+        (to the engine or to a sweep) stops it at once (``TableInterrupted``)."""
         for stage in self.stages():
             pending = [c for c in cells if c.stage == stage and not c.finished]
             for group in self.launch_groups(pending):
                 command = self.sweep_command(group)
                 log.info("%s: %d cell(s): %s", stage, len(group), " ".join(command[2:]))
-                subprocess.run(command, cwd=self.root, check=False)
+                run_sweep(command, self.root)
             unfinished = [c.directory.name for c in cells if c.stage == stage and not c.finished]
             if unfinished:
                 raise ConfigError("table", f"{stage} cells did not finish (re-run to resume): {', '.join(unfinished)}")

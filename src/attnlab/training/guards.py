@@ -6,6 +6,7 @@ Each ends the run with one line saying what happened and which step ``last.ckpt`
 from __future__ import annotations
 
 import logging
+import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -34,12 +35,21 @@ class NonFiniteError(RuntimeError):
 class RunStopped(RuntimeError):
     """The run ended early (signal, non-finite values, a failed write); the message is the one line to print.
 
-    ``interrupted``: stopped from outside (SIGTERM, SIGINT), so a sweep must stop too rather than start its next job.
+    ``signal_number``: the signal that stopped it from outside (SIGTERM, SIGINT), so a sweep must stop too rather
+    than start its next job, and the process exits with the shell's status for it (128 + the signal).
     """
 
-    def __init__(self, message: str, interrupted: bool = False) -> None:
+    def __init__(self, message: str, signal_number: int | None = None) -> None:
         super().__init__(message)
-        self.interrupted = interrupted
+        self.signal_number = signal_number
+
+    @property
+    def interrupted(self) -> bool:
+        return self.signal_number is not None
+
+    @property
+    def exit_status(self) -> int:
+        return 1 if self.signal_number is None else 128 + self.signal_number
 
 
 class NonFiniteGuard(Callback):
@@ -111,13 +121,13 @@ def stop_cleanly(trainer: L.Trainer) -> Iterator[None]:
     except SIGTERMException as exc:
         raise RunStopped(
             f"trainer: stopped by SIGTERM at step {trainer.global_step}; {describe_last_checkpoint(trainer)}",
-            interrupted=True,
+            signal.SIGTERM,
         ) from exc
     except SystemExit as exc:  # Lightning turns Ctrl-C (SIGINT) into sys.exit(1) after its on_exception hooks
         if not trainer.interrupted:
             raise
         message = f"trainer: interrupted at step {trainer.global_step}; {describe_last_checkpoint(trainer)}"
-        raise RunStopped(message, interrupted=True) from exc
+        raise RunStopped(message, signal.SIGINT) from exc
     except NonFiniteError as exc:
         hint = "callbacks.nonfinite_guard.action=skip drops such updates, or lower optim.lr"
         raise RunStopped(

@@ -249,7 +249,8 @@ def main(cfg: DictConfig, evaluate: Callable[[str], dict[str, Any]] | None = Non
             remove_stub(output_dir(cfg))
         if in_multirun():  # the job fails alone; the sweep callback reports it with the others
             raise
-        raise SystemExit(f"error: {exc}") from None
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(exc.exit_status if isinstance(exc, RunStopped) else 1) from None
     finally:
         wandb = sys.modules.get("wandb")  # imported only by a W&B logger: nothing to close otherwise
         if wandb is not None and wandb.run is not None:

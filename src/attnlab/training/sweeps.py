@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import traceback
 import uuid
 from pathlib import Path
@@ -94,7 +95,8 @@ class SweepReport(Callback):
         with locked(sweep_dir / JOBS_FILE, "a") as fh:
             fh.write(json.dumps(record) + "\n")
         if job_return.status == JobStatus.FAILED:
-            raise SystemExit(f"{record['error']}; the sweep stops here (finished jobs: {sweep_dir / JOBS_FILE})")
+            print(f"{record['error']}; the sweep stops here (finished jobs: {sweep_dir / JOBS_FILE})", file=sys.stderr)
+            raise SystemExit(error.exit_status)  # 128 + the signal, so a caller (the table engine) stops too
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
