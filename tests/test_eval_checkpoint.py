@@ -149,3 +149,88 @@ def test_a_tokenizer_other_than_the_checkpoints_is_an_error(trained: tuple[Path,
     with pytest.raises(ConfigError, match="not the tokenizer") as err:
         AttnlabLM(checkpoint=str(out / "checkpoints" / "last.ckpt"), tokenizer=str(other))
     assert err.value.key == "tokenizer"
+
+
+def compose_evaluate(overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose(config_name="evaluate", overrides=overrides)
+
+
+EVAL_BAD_VALUES = [  # (overrides, the key the one line must name)
+    (["limit=-1"], "limit"),
+    (["limit=abc"], "limit"),
+    (["limit=1.5"], "limit"),
+    (["batch_size=abc"], "batch_size"),
+    (["batch_size=0"], "batch_size"),
+    (["seed=-5"], "seed"),
+    (["seed=99999999999"], "seed"),
+    (["max_length=0"], "max_length"),
+    (["max_length=abc"], "max_length"),
+    (["dtype=foo"], "dtype"),
+    (["device=cpu:1"], "device"),
+    (["device=tpu"], "device"),
+    (["eval.tasks=[]"], "eval.tasks"),
+    (["eval=passkey_cpu", "eval.passkey.samples_per_length=0"], "eval.passkey.samples_per_length"),
+    (["eval=passkey_cpu", "eval.passkey.context_lengths=[128,-1]"], "eval.passkey.context_lengths"),
+]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"), EVAL_BAD_VALUES, ids=lambda v: " ".join(v) if isinstance(v, list) else ""
+)
+def test_evaluate_refuses_a_bad_value_before_anything_is_written(overrides: list[str], key: str) -> None:
+    """evaluate.py's Hydra callback runs these checks before it creates the run directory."""
+    from attnlab.config_checks import check_evaluate_config
+
+    with pytest.raises(ConfigError) as refused:
+        check_evaluate_config(compose_evaluate(overrides))
+    assert refused.value.key == key, str(refused.value)
+    assert "\n" not in str(refused.value)
+    check_evaluate_config(compose_evaluate([]))  # the defaults pass
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the check is for a machine without a GPU")
+def test_evaluate_on_cuda_without_a_gpu_is_one_line() -> None:
+    from attnlab.config_checks import check_evaluate_config
+
+    with pytest.raises(ConfigError, match=r"cuda asks for a GPU and torch sees none"):
+        check_evaluate_config(compose_evaluate(["device=cuda"]))
+    check_evaluate_config(compose_evaluate(["device=cuda"]), machine=False)  # the form alone is fine
+
+
+@pytest.mark.parametrize(
+    ("overrides", "line"),
+    [
+        (["eval.tasks=[nosuch_task]"], "error: eval.tasks: 'nosuch_task': no such task in "),
+        (["limit=-1"], "error: limit: must be null (all examples), a count >= 1 or a fraction in (0, 1), got -1"),
+    ],
+)
+def test_evaluate_py_refuses_in_one_line_and_leaves_nothing(
+    trained: tuple[Path, dict], overrides: list[str], line: str, tmp_path: Path
+) -> None:
+    """A task name is checked against lm-eval's index once it is built, still before any file is written."""
+    out, _ = trained
+    run_dir = tmp_path / "eval"
+    command = [sys.executable, "evaluate.py", f"ckpt_path={out}/checkpoints/last.ckpt", *overrides]
+    command += ["print_config=false", f"hydra.run.dir={run_dir}", f"results_csv={tmp_path}/results.csv"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1].startswith(line), done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert not run_dir.exists() and not (tmp_path / "results.csv").exists()
+
+
+def test_a_window_past_learned_positions_is_refused(trained: tuple[Path, dict]) -> None:
+    """Learned position embeddings stop at block_size; rotary models may be scored past it (length extrapolation)."""
+    out, _ = trained
+    lm = AttnlabLM(checkpoint=str(out / "checkpoints" / "last.ckpt"))
+    longer = lm.model.config.block_size + 1
+    if lm.model.config.pos_encoding == "learned":
+        with pytest.raises(ConfigError, match=r"^max_length: "):
+            AttnlabLM(checkpoint=str(out / "checkpoints" / "last.ckpt"), max_length=longer)
+    else:
+        assert AttnlabLM(checkpoint=str(out / "checkpoints" / "last.ckpt"), max_length=longer).max_length == longer

@@ -260,3 +260,70 @@ def check_run_config(cfg: DictConfig, machine: bool = True) -> None:
     check_model_and_attention(cfg, machine)
     check_across_keys(cfg)
     check_targets(cfg)
+
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def check_evaluate_config(cfg: DictConfig, machine: bool = True) -> None:
+    """``evaluate.py``'s own keys (the checkpoint and task names are checked when they are read). ``machine``: also
+    that the device asked for is on this machine."""
+    import torch
+
+    seed = typed(cfg.get("seed"), int, "seed", "must be an integer")
+    require(0 <= seed <= SEED_MAX, "seed", f"must be in [0, {SEED_MAX}], got {seed}")
+    batch_size = typed(cfg.get("batch_size"), int, "batch_size", "must be a positive integer")
+    require(batch_size >= 1, "batch_size", f"must be a positive integer, got {batch_size}")
+    limit = cfg.get("limit")
+    allowed = "must be null (all examples), a count >= 1 or a fraction in (0, 1)"
+    if isinstance(limit, float):
+        require(0 < limit < 1, "limit", f"{allowed}, got {limit}")
+    elif limit is not None:
+        require(
+            isinstance(limit, int) and not isinstance(limit, bool) and limit >= 1, "limit", f"{allowed}, got {limit!r}"
+        )
+    max_length = cfg.get("max_length")
+    if max_length is not None:
+        typed(max_length, int, "max_length", "must be null (the model's block_size) or a positive integer")
+        require(
+            max_length >= 1,
+            "max_length",
+            f"must be null (the model's block_size) or a positive integer, got {max_length}",
+        )
+    dtype = cfg.get("dtype")
+    require(dtype in DTYPES, "dtype", f"got {dtype!r}; allowed: {', '.join(DTYPES)}")
+    device = str(cfg.get("device"))
+    allowed = "cpu, cuda or cuda:<index>"
+    require(device == "cpu" or device.split(":")[0] == "cuda", "device", f"got {device!r}; allowed: {allowed}")
+    if device != "cpu":
+        index = device.partition(":")[2]
+        require(index == "" or index.isdigit(), "device", f"got {device!r}; allowed: {allowed}")
+        if machine:
+            require(torch.cuda.is_available(), "device", f"{device} asks for a GPU and torch sees none; use device=cpu")
+            count = torch.cuda.device_count()
+            require(int(index or 0) < count, "device", f"{device}: torch sees {count} GPU(s)")
+    suite = plain_items(cfg.get("eval"))
+    tasks = suite.get("tasks")
+    require(
+        isinstance(tasks, list) and len(tasks) > 0 and all(isinstance(t, str) and t for t in tasks),
+        "eval.tasks",
+        f"must be a non-empty list of lm-eval task names, got {tasks!r}",
+    )
+    passkey = suite.get("passkey") or {}
+    samples = passkey.get("samples_per_length", 10)
+    allowed = "must be a positive integer"
+    require(
+        isinstance(samples, int) and not isinstance(samples, bool) and samples >= 1,
+        "eval.passkey.samples_per_length",
+        f"{allowed}, got {samples!r}",
+    )
+    lengths = passkey.get("context_lengths")
+    require(
+        lengths is None
+        or (
+            isinstance(lengths, list)
+            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in lengths)
+        ),
+        "eval.passkey.context_lengths",
+        f"must be null (the model's window) or a list of positive token counts, got {lengths!r}",
+    )

@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from tokenizers import Tokenizer
 from torch import Tensor
 
-from attnlab.config_checks import check_run_config, typed
+from attnlab.config_checks import check_evaluate_config, check_run_config, typed
 from attnlab.errors import ConfigError, require, require_choice
 
 if TYPE_CHECKING:
@@ -248,7 +248,7 @@ class ValidateBeforeWriting(Callback):
 
     CHECKS: ClassVar[dict[str, Callable[[DictConfig], Any]]] = {
         "train": validate_train_config,
-        "evaluate": check_common,
+        "evaluate": lambda cfg: (check_common(cfg), check_evaluate_config(cfg)),
     }
 
     def __init__(self, entry: str) -> None:

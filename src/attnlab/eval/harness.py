@@ -39,10 +39,10 @@ RUN_FIELDS = ("run_id", "time", "suite", "checkpoint", "pretrained", "model", "a
 
 
 def task_metadata(lm: AttnlabLM, suite: dict[str, Any], out_dir: Path, cache_dir: str) -> dict:
-    """What attnlab's generated tasks need: the tokenizer (saved with the results), passkey and held-out settings."""
+    """What attnlab's generated tasks need: the tokenizer (``run_lm_eval`` saves it with the results), passkey and
+    held-out settings."""
     data = lm.run_data
     tokenizer_file = out_dir / "tokenizer.json"
-    lm.tokenizer.save(str(tokenizer_file))
     passkey = dict(suite.get("passkey") or {})
     if PASSKEY_TASK in suite.get("tasks", []):  # null lengths: follow the model's window
         passkey["context_lengths"] = fitting_lengths(
@@ -78,6 +78,16 @@ def run_lm_eval(
     metadata = task_metadata(lm, suite, out_dir, cache_dir)
     include = [str(TASKS_DIR), *(str(Path(p).resolve()) for p in suite.get("include_path") or [])]
     manager = TaskManager(include_path=include, include_defaults=suite.get("include_defaults", True), metadata=metadata)
+    known = set(manager.all_tasks)
+    unknown = [task for task in suite["tasks"] if task not in known and not Path(task).is_file()]
+    if unknown:
+        where = "lm-eval's registry, " if suite.get("include_defaults", True) else ""
+        raise ConfigError(
+            "eval.tasks",
+            f"{', '.join(map(repr, unknown))}: no such task in {where}{' or '.join(include)} "
+            "(lm-eval task, group or tag names, or a task YAML file)",
+        )
+    lm.tokenizer.save(metadata["tokenizer"])
     try:
         return lm_eval.simple_evaluate(
             model=lm,

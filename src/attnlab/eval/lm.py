@@ -118,6 +118,12 @@ class AttnlabLM(TemplateLM):
         self.tokenizer = load_tokenizer(run, pretrained, tokenizer)
         self.batch_size = int(batch_size)
         self.max_length = int(max_length or self.model.config.block_size)
+        if self.model.config.pos_encoding == "learned" and self.max_length > self.model.config.block_size:
+            raise ConfigError(
+                "max_length",
+                f"{self.max_length} tokens, but the model's learned position embeddings stop at "
+                f"block_size={self.model.config.block_size} (rotary models may score past it)",
+            )
         vocab = self.tokenizer.get_vocab_size()
         if vocab > self.model.config.vocab_size:
             raise ConfigError(
