@@ -149,6 +149,55 @@ def remove_stub(directory: Path) -> None:
         shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
 
 
+# run directory -> an open descriptor holding its flock while this process trains in it
+CLAIMED: dict[str, int] = {}
+
+
+def claim_run_directory(directory: Path, key: str) -> None:
+    """Hold an exclusive ``flock`` on the run directory while this process trains in it, so a second process (a
+    second table sharing the cell, the same resume typed twice) is refused instead of writing into the same files.
+    The kernel drops the lock when the process ends, however it ends; a claim this process holds is kept."""
+    import fcntl
+
+    resolved = str(directory.resolve())
+    if resolved in CLAIMED:
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(descriptor)
+        raise ConfigError(
+            key,
+            f"{directory} is in use: another process is training in it now; wait for it to end (its last.ckpt resumes "
+            "it), or choose another directory",
+        ) from None
+    CLAIMED[resolved] = descriptor
+
+
+def release_run_directory(directory: Path) -> None:
+    descriptor = CLAIMED.pop(str(directory.resolve()), None)
+    if descriptor is not None:
+        os.close(descriptor)
+
+
+def run_directory_in_use(directory: Path) -> bool:
+    """Whether another process holds the directory's claim now (this one's own claims do not count)."""
+    import fcntl
+
+    if not directory.is_dir() or str(directory.resolve()) in CLAIMED:
+        return False
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(descriptor)  # closing drops the shared lock just taken
+    return False
+
+
 def check_run_directory(directory: Path, ckpt_path: str | None) -> None:
     """A new run never writes into another run's directory: one that finished (``results.json``) or holds a run's
     checkpoints is refused, unless this run resumes from that directory's own checkpoint."""
@@ -260,9 +309,12 @@ class ValidateBeforeWriting(Callback):
         if directory.is_dir():
             EXISTING_BEFORE[str(directory.resolve())] = {entry.name for entry in directory.iterdir()}
         try:
-            if self.entry == "train" and config.hydra.output_subdir is not None:  # not a DDP rank > 0 in rank 0's
+            primary = config.hydra.output_subdir is not None  # not a DDP rank > 0 in rank 0's directory
+            if self.entry == "train" and primary:
                 check_run_directory(directory, config.get("ckpt_path"))
             self.CHECKS[self.entry](config)
+            if self.entry == "train" and primary:  # before Hydra writes .hydra/ and the log into it
+                claim_run_directory(directory, "hydra.run.dir")
         except ConfigError as exc:
             raise SystemExit(f"error: {exc}") from None
 

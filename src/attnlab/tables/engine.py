@@ -28,7 +28,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from attnlab.errors import ConfigError
-from attnlab.runs import LAST_CHECKPOINT, RESULTS_FILE, validate_train_config
+from attnlab.runs import LAST_CHECKPOINT, RESULTS_FILE, run_directory_in_use, validate_train_config
 from attnlab.tables.cells import cell_name
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,17 @@ class TableInterrupted(Exception):
     @property
     def exit_status(self) -> int:
         return 128 + self.signal_number
+
+
+def wait_while_trained_elsewhere(cells: list[Cell], poll_seconds: float = 5.0) -> None:
+    """Wait while another process trains one of ``cells`` (a second table that shares it holds its run directory's
+    claim), so a cell is never trained by two processes at once; a cell it finished is then not launched again."""
+    busy = [cell for cell in cells if run_directory_in_use(cell.directory)]
+    if busy:
+        names = ", ".join(cell.directory.name for cell in busy)
+        log.info("Waiting for %s: another process is training it now", names)
+    while any(run_directory_in_use(cell.directory) for cell in busy):
+        time.sleep(poll_seconds)
 
 
 def run_sweep(command: list[str], cwd: Path) -> None:
@@ -288,9 +299,11 @@ class Engine:
         for stage in self.stages():
             pending = [c for c in cells if c.stage == stage and not c.finished]
             for group in self.launch_groups(pending):
-                command = self.sweep_command(group)
-                log.info("%s: %d cell(s): %s", stage, len(group), " ".join(command[2:]))
-                run_sweep(command, self.root)
+                wait_while_trained_elsewhere(group)
+                for ready in self.launch_groups([c for c in group if not c.finished]):
+                    command = self.sweep_command(ready)
+                    log.info("%s: %d cell(s): %s", stage, len(ready), " ".join(command[2:]))
+                    run_sweep(command, self.root)
             unfinished = [c.directory.name for c in cells if c.stage == stage and not c.finished]
             if unfinished:
                 raise ConfigError("table", f"{stage} cells did not finish (re-run to resume): {', '.join(unfinished)}")

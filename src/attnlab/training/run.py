@@ -13,6 +13,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from omegaconf import DictConfig
@@ -25,10 +26,12 @@ from attnlab.numerics import kernel_record
 from attnlab.runs import (
     RESULTS_FILE,
     check_resume,
+    claim_run_directory,
     load_checkpoint,
     output_dir,
     plain,
     record,
+    release_run_directory,
     remove_stub,
     validate_train_config,
     write_results,
@@ -87,6 +90,8 @@ def run(cfg: DictConfig, evaluate: Callable[[str], dict[str, Any]] | None = None
     optim = validate_train_config(cfg)
     L.seed_everything(cfg.seed, workers=True)
     out = output_dir(cfg)
+    if not (HydraConfig.initialized() and HydraConfig.get().output_subdir is None):  # DDP rank > 0: rank 0 holds it
+        claim_run_directory(out, "hydra.sweep.dir" if in_multirun() else "hydra.run.dir")
     request, attention = plain(cfg.model), plain(cfg.attention)
     resumed = load_checkpoint(cfg.ckpt_path) if cfg.get("ckpt_path") else None
     if resumed is not None:
@@ -252,6 +257,7 @@ def main(cfg: DictConfig, evaluate: Callable[[str], dict[str, Any]] | None = Non
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(exc.exit_status if isinstance(exc, RunStopped) else 1) from None
     finally:
+        release_run_directory(output_dir(cfg))  # a sweep's next job may be this directory's next user
         wandb = sys.modules.get("wandb")  # imported only by a W&B logger: nothing to close otherwise
         if wandb is not None and wandb.run is not None:
             wandb.finish()
