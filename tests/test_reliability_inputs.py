@@ -281,3 +281,40 @@ def test_a_gpu_trainer_without_a_gpu_is_one_line(make_config) -> None:
     with pytest.raises(ConfigError, match=r"^trainer\.accelerator: gpu asks for a GPU and torch sees none"):
         validate_train_config(make_config([*S, "trainer.accelerator=gpu"]))
     validate_train_config(make_config([*S, "trainer.accelerator=gpu"]), check_machine=False)  # a launcher's GPUs
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["train.py", "trainer=cpu", "hydra.run.dir=/sys/attnlab-test/run"],
+        ["train.py", "-m", "trainer=cpu", "seed=1,2", "hydra.sweep.dir=/sys/attnlab-test/sweep"],
+        ["evaluate.py", "ckpt_path=README.md", "hydra.run.dir=/sys/attnlab-test/eval"],
+    ],
+    ids=["train", "sweep", "evaluate"],
+)
+def test_a_run_directory_that_cannot_be_written_is_one_line(command: list[str]) -> None:
+    """/sys refuses new entries even to root: a read-only filesystem, found before Hydra writes its files there."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    done = subprocess.run([sys.executable, *command, "print_config=false"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()], done.stderr[-2000:]
+    assert done.stderr.startswith("error: hydra.") and ": cannot write in /sys/attnlab-test/" in done.stderr
+
+
+def test_a_full_disk_at_start_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+    import os
+
+    from attnlab.runs import check_writable
+
+    def full(*_args: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(ConfigError, match=r"^hydra.run.dir: cannot write in .*: No space left on device$"):
+        check_writable(tmp_path / "run", "hydra.run.dir")
+    assert not list((tmp_path / "run").iterdir())  # the probe is gone

@@ -149,6 +149,19 @@ def remove_stub(directory: Path) -> None:
         shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
 
 
+def check_writable(directory: Path, key: str) -> None:
+    """The run directory can be made and written (a read-only or full filesystem), found before Hydra writes its
+    files there with a traceback: the directory is made, a page written, flushed and removed."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory) as probe:
+            probe.write(b"\0" * 4096)
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as exc:
+        raise ConfigError(key, f"cannot write in {directory}: {exc.strerror or exc}") from None
+
+
 # run directory -> an open descriptor holding its flock while this process trains in it
 CLAIMED: dict[str, int] = {}
 
@@ -313,7 +326,9 @@ class ValidateBeforeWriting(Callback):
             if self.entry == "train" and primary:
                 check_run_directory(directory, config.get("ckpt_path"))
             self.CHECKS[self.entry](config)
-            if self.entry == "train" and primary:  # before Hydra writes .hydra/ and the log into it
+            if primary:  # before Hydra writes .hydra/ and the log into it
+                check_writable(directory, "hydra.run.dir")
+            if self.entry == "train" and primary:
                 claim_run_directory(directory, "hydra.run.dir")
         except ConfigError as exc:
             raise SystemExit(f"error: {exc}") from None

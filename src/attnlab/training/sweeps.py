@@ -25,7 +25,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.errors import ConfigError
-from attnlab.runs import locked
+from attnlab.runs import check_writable, locked
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,10 @@ class SweepReport(Callback):
     """Hydra callback (conf/hydra/default.yaml): record each job, keep the sweep going, summarise at the end."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            check_writable(Path(config.hydra.sweep.dir), "hydra.sweep.dir")
+        except ConfigError as exc:
+            raise SystemExit(f"error: {exc}") from None
         os.environ[SWEEP_ID] = uuid.uuid4().hex[:12]
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
