@@ -318,3 +318,31 @@ def test_a_full_disk_at_start_is_one_line(tmp_path: Path, monkeypatch: pytest.Mo
     with pytest.raises(ConfigError, match=r"^hydra.run.dir: cannot write in .*: No space left on device$"):
         check_writable(tmp_path / "run", "hydra.run.dir")
     assert not list((tmp_path / "run").iterdir())  # the probe is gone
+
+
+def test_metrics_csv_gets_a_new_column_by_replacing_it_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lightning rewrites metrics.csv in place when a metric first appears (validation's, mid-run): a kill then would
+    leave it cut short. Ours writes the new file beside it and renames it; a failed write leaves the old one."""
+    import os
+
+    from attnlab.training.rundir import ResumableCSVLogger
+
+    logger = ResumableCSVLogger(save_dir=str(tmp_path), name="csv", version="")
+    for step in range(3):
+        logger.log_metrics({"train/loss": 5.0 - step}, step=step)
+    logger.save()
+    path = tmp_path / "csv" / "metrics.csv"
+    before = path.read_text()
+    logger.log_metrics({"val/loss": 4.0}, step=3)
+
+    def fail(*_args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "replace", fail)
+        with pytest.raises(OSError):
+            logger.save()
+    assert path.read_text() == before and [p.name for p in path.parent.iterdir()] == ["metrics.csv"]
+    logger.save()
+    rows = list(csv.DictReader(path.open()))
+    assert [r["train/loss"] for r in rows] == ["5.0", "4.0", "3.0", ""] and rows[-1]["val/loss"] == "4.0"

@@ -48,7 +48,9 @@ def test_resume_into_the_interrupted_directory_keeps_what_it_wrote(
     resumed = train(["trainer.max_steps=16", f"ckpt_path={run_dir}/checkpoints/last.ckpt"], run_dir, data_cache)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     after = step_losses(run_dir)
+    assert set(range(7)) <= set(before)  # the rows before the saved step's own were on disk with the checkpoint
     assert all(after.get(step) == loss for step, loss in before.items() if step < 8)  # the first part is kept
+    assert sorted(after) == list(range(16)) or sorted(after) == [s for s in range(16) if s != 7]
     assert {step: after[step] for step in range(8, 16)} == {step: uninterrupted[step] for step in range(8, 16)}
     assert (run_dir / ".hydra-1" / "config.yaml").is_file()  # the first part's config, beside the resumed one's
     assert "ckpt_path" in (run_dir / ".hydra" / "overrides.yaml").read_text()

@@ -8,6 +8,7 @@ counts) and the earlier ``.hydra/`` is kept as ``.hydra-1/``, ``.hydra-2/``, ...
 from __future__ import annotations
 
 import csv
+import io
 import logging
 from pathlib import Path
 from typing import Any
@@ -18,16 +19,33 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from omegaconf import DictConfig, OmegaConf
 
+from attnlab.runs import write_atomic
+
 log = logging.getLogger(__name__)
 
 
 class _AppendingWriter(ExperimentWriter):
-    """Continue an existing ``metrics.csv`` (its columns first) instead of deleting it."""
+    """Continue an existing ``metrics.csv`` (its columns first) instead of deleting it; a new column replaces the
+    file whole (Lightning rewrites it in place, which a kill at that moment would leave cut short)."""
 
     def _check_log_dir_exists(self) -> None:
         if self._fs.isfile(self.metrics_file_path):
             with self._fs.open(self.metrics_file_path, "r", newline="") as fh:
                 self.metrics_keys = list(csv.DictReader(fh).fieldnames or [])
+
+    def _rewrite_with_new_header(self, fieldnames: list[str]) -> None:
+        with open(self.metrics_file_path, newline="") as fh:
+            reader = csv.DictReader(fh)
+            rows, header = list(reader), list(reader.fieldnames or [])
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=fieldnames)
+        writer.writeheader()
+        writer.writerows(rows)
+        try:
+            write_atomic(Path(self.metrics_file_path), text.getvalue())
+        except BaseException:
+            self.metrics_keys = header  # the file kept its columns: the next save adds the new ones again
+            raise
 
 
 class ResumableCSVLogger(CSVLogger):
