@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from lightning.pytorch.callbacks import Callback
+
 from tests.conftest import MICRO_DATA, MICRO_MODEL, ROOT
 
 # every step logged, last.ckpt every 4 steps, validation every 5
@@ -69,3 +71,15 @@ def step_losses(run_dir: Path) -> dict[int, float]:
     """``{step: train/loss}`` from the run's csv/metrics.csv."""
     rows = csv.DictReader((run_dir / "csv" / "metrics.csv").open())
     return {int(r["step"]): float(r["train/loss"]) for r in rows if r.get("train/loss")}
+
+
+class SigintMidStep(Callback):
+    """Sends this process SIGINT from inside optimizer step ``step``, after its batch was drawn and before the update:
+    the moment a Ctrl-C is most likely to land (``+callbacks.sigint._target_=tests.reliability.SigintMidStep``)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_before_optimizer_step(self, trainer: object, pl_module: object, optimizer: object) -> None:
+        if trainer.global_step + 1 == self.step:
+            os.kill(os.getpid(), signal.SIGINT)

@@ -54,3 +54,22 @@ def test_resume_into_the_interrupted_directory_keeps_what_it_wrote(
     assert {step: after[step] for step in range(8, 16)} == {step: uninterrupted[step] for step in range(8, 16)}
     assert (run_dir / ".hydra-1" / "config.yaml").is_file()  # the first part's config, beside the resumed one's
     assert "ckpt_path" in (run_dir / ".hydra" / "overrides.yaml").read_text()
+
+
+def test_ctrl_c_mid_step_then_resume_repeats_the_uninterrupted_losses(
+    uninterrupted: dict[int, float], tmp_path: Path, data_cache: Path
+) -> None:
+    """Ctrl-C inside step 6 (its batch drawn, its update not yet made) finishes that step and saves it, as SIGTERM
+    does, so the resumed run repeats the uninterrupted losses bit for bit. (A bare KeyboardInterrupt there saved
+    step 5 with step 6's batch already drawn: the resumed run skipped it.)"""
+    first, second = tmp_path / "first", tmp_path / "second"
+    mid_step = ["+callbacks.sigint._target_=tests.reliability.SigintMidStep", "+callbacks.sigint.step=6"]
+    done = train(["trainer.max_steps=16", *mid_step], first, data_cache)
+    assert done.returncode == 130, done.stderr[-3000:]
+    assert "Ctrl-C: stopping at the end of this step" in done.stdout + done.stderr
+    assert (
+        done.stderr.strip().splitlines()[-1].startswith("error: trainer: interrupted at step 6; last.ckpt holds step 6")
+    )
+    resumed = train(["trainer.max_steps=16", f"ckpt_path={first}/checkpoints/last.ckpt"], second, data_cache)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert step_losses(second) == {s: uninterrupted[s] for s in range(6, 16)}

@@ -6,9 +6,12 @@ Each ends the run with one line saying what happened and which step ``last.ckpt`
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import lightning as L
 import torch
@@ -104,6 +107,36 @@ class ValidateAtEnd(Callback):
             trainer.should_stop = True  # Lightning validates when a stop is requested (training_epoch_loop)
 
 
+class CtrlCAtStepEnd(Callback):
+    """Ctrl-C stops as SIGTERM does: it is turned into Lightning's own SIGTERM handling, which stops at the end of
+    the running step, so last.ckpt holds a whole step and the resumed run repeats the uninterrupted losses (a bare
+    KeyboardInterrupt lands mid-step). A second Ctrl-C stops at once, with what Lightning sees at that moment."""
+
+    def __init__(self) -> None:
+        self.pressed = False
+        self._previous: Any = None
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if threading.current_thread() is threading.main_thread():  # only it may set signal handlers
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+
+    def _on_sigint(self, _signal_number: int, _frame: object) -> None:
+        if self.pressed:
+            raise KeyboardInterrupt
+        self.pressed = True
+        log.info("Ctrl-C: stopping at the end of this step and saving it (Ctrl-C again stops at once)")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+
+def ctrl_c_pressed(trainer: L.Trainer) -> bool:
+    return any(isinstance(c, CtrlCAtStepEnd) and c.pressed for c in trainer.callbacks)
+
+
 def describe_last_checkpoint(trainer: L.Trainer, note: str = "") -> str:
     """Where the latest complete state is, in words."""
     path = last_checkpoint_path(trainer)
@@ -119,6 +152,9 @@ def stop_cleanly(trainer: L.Trainer) -> Iterator[None]:
     try:
         yield
     except SIGTERMException as exc:
+        if ctrl_c_pressed(trainer):
+            message = f"trainer: interrupted at step {trainer.global_step}; {describe_last_checkpoint(trainer)}"
+            raise RunStopped(message, signal.SIGINT) from exc
         raise RunStopped(
             f"trainer: stopped by SIGTERM at step {trainer.global_step}; {describe_last_checkpoint(trainer)}",
             signal.SIGTERM,
