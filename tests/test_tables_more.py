@@ -55,7 +55,8 @@ def test_every_scale_reports_each_model_under_one_paper_row(name: str) -> None:
     table = load_table(name, ROOT)
     for scale, settings in table["scales"].items():
         engine = Engine(table, scale, root=ROOT, runs_dir=Path("unused"))
-        assert len(set(settings["rows"].values())) == len(settings["rows"]) == len({c.row for c in engine.cells()})
+        rows = {row: model for stage in engine.stages() for row, model in engine.rows(stage).items()}
+        assert len(set(rows.values())) == len(rows) == len({c.row for c in engine.cells()})
     if name == "gating":
         assert all(list(settings["rows"]) == ["repo plot"] for settings in table["scales"].values())
     doubled = {**table, "scales": {"cpu": {**table["scales"]["cpu"], "rows": {"A": "tiny", "B": "tiny"}}}}
@@ -135,3 +136,24 @@ def test_smoke_scale_end_to_end(name: str, tmp_path: Path, data_cache: Path) -> 
     assert len(runs) >= 2 and runs.filter(like="perplexity").notna().all().all()
     effects = pd.read_csv(tmp_path / name / "effects.csv")
     assert len(effects) and set(effects["attention"]) <= set(load_table(name, ROOT)["variants"])
+
+
+def test_table3_paper_scale_fine_tunes_the_llama_rows_it_never_pretrains() -> None:
+    """The paper's fine-tune block has Llama (7B) and Llama3-8b rows (its pretrain block does not): stage_rows."""
+    engine = Engine(load_table("table3", ROOT), "paper", root=ROOT, runs_dir=Path("unused"))
+    grid = engine.cells()
+    rows = {stage: {c.row for c in grid if c.stage == stage} for stage in ("pretrain", "finetune")}
+    assert rows["pretrain"] == {"GPT2", "Pythia-160m", "Pythia-410m"}
+    assert rows["finetune"] == rows["pretrain"] | {"Llama (7B)", "Llama3-8b"}
+    llama = [c for c in grid if c.row == "Llama3-8b"]
+    assert {c.attention for c in llama} == {"vanilla", "ssa", "ssa_shared"} and {c.model for c in llama} == {
+        "llama3-8b"
+    }
+    assert load_table("table3", ROOT)["paper"]["finetune"]["Llama (7B)"]["ssa"][0] == 19.305
+    for cell in (c for c in grid if c.stage == "finetune" and c.attention == "vanilla"):
+        # the official checkpoints, as the paper fine-tunes (not our pretraining cells)
+        assert engine.compose(list(cell.overrides)).model.init_from.startswith("hf:"), cell.overrides
+    twice = {**engine.settings, "stage_rows": {"finetune": {"Other": "gpt2"}}}
+    table = load_table("table3", ROOT)
+    with pytest.raises(ConfigError, match=r"one model per paper row"):
+        Engine({**table, "scales": {**table["scales"], "paper": twice}}, "paper", root=ROOT, runs_dir=Path("unused"))

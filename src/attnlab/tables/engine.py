@@ -132,12 +132,14 @@ class Engine:
             raise ConfigError("scale", f"one of {', '.join(scales)} (got {self.scale})")
         self.settings: dict[str, Any] = scales[self.scale]
         rows = self.settings.get("rows") or {}
-        models = list(rows.values())
-        if not rows or len(set(models)) < len(models):
+        stage_rows = self.settings.get("stage_rows") or {}
+        pairs = [*rows.items(), *(pair for extra in stage_rows.values() for pair in extra.items())]
+        names, models = [name for name, _ in pairs], [model for _, model in pairs]
+        if not rows or len(set(names)) < len(names) or len(set(models)) < len(models):
             # a row inherited from a shared protocol beside the table's own would report the same cells twice
             raise ConfigError(
                 f"table.scales.{self.scale}.rows",
-                f"one model per paper row, each model once (got {rows or 'none'})",
+                f"one model per paper row, each model once (got {dict(pairs) or 'none'})",
             )
         from attnlab.tables.reports import REPORTS
 
@@ -168,6 +170,11 @@ class Engine:
             or self.table["variants"]
         )
 
+    def rows(self, stage: str) -> dict[str, str]:
+        """Paper row -> model for the stage: the scale's rows, and ``stage_rows`` that only one stage has (the paper
+        fine-tunes Llama checkpoints it never pretrained)."""
+        return {**self.settings["rows"], **(self.settings.get("stage_rows") or {}).get(stage, {})}
+
     def stage_overrides(self, stage: str, model: str) -> list[str]:
         common = [*self.settings.get("overrides", []), *self.settings.get("stage_overrides", {}).get(stage, [])]
         salt = [f"+cell_salt={self.salt}"] if self.force else []
@@ -186,7 +193,7 @@ class Engine:
         cells: dict[tuple, Cell] = {}
         for stage in self.stages():
             variants = self.variants(stage)
-            for row, model in self.settings["rows"].items():
+            for row, model in self.rows(stage).items():
                 for attention in variants:
                     for seed in self.settings["seeds"]:
                         overrides = [
