@@ -610,3 +610,39 @@ def test_the_outlier_monitor_logs_the_sink_share_of_the_same_batches_when_asked(
     assert expected["sink_share"] == pytest.approx(expected["sink_share_per_layer"][1])
     assert "outliers/kurtosis_max" in logged
     assert not OutlierMonitor(batches=2).sinks
+
+
+def test_the_token_temperature_spread_is_zero_at_init_and_reads_only_the_token_term() -> None:
+    """Per position, the std over sequences of tau: the base and the position term are the same for every sequence
+    at a position, so a freshly built SSA model (token term's last layer at zero) gives exactly 0, and a token
+    function that has moved gives more; the monitor logs it for temperature models only."""
+    from types import SimpleNamespace
+
+    from attnlab.eval.analysis.monitor import OutlierMonitor
+    from attnlab.eval.analysis.selectivity import token_temperature_spread
+
+    torch.manual_seed(0)
+    config = ModelConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=61, block_size=24)
+    model = GPT(config, {"name": "ssa"}).eval()
+    batches = [torch.randint(0, 61, (3, 20)) for _ in range(2)]
+    assert token_temperature_spread(model, batches) == 0.0
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.variant.temperatures["q"].out.weight.normal_(0, 1.0)
+    moved = token_temperature_spread(model, batches)
+    assert moved is not None and moved > 0.05
+    assert token_temperature_spread(model, [b[:1] for b in batches]) is None  # one sequence: no spread to read
+    assert token_temperature_spread(GPT(config, {"name": "vanilla"}), batches) is None
+
+    logged: dict[str, float] = {}
+    module = SimpleNamespace(model=model, log_dict=lambda values, **_: logged.update(values))
+    trainer = SimpleNamespace(sanity_checking=False)
+    monitor = OutlierMonitor(batches=2)
+    monitor.on_validation_epoch_start(trainer, module)
+    with torch.no_grad():
+        for index, row in enumerate(torch.randint(0, 61, (3, 3, 21))):
+            monitor.on_validation_batch_start(trainer, module, {"input_ids": row}, index)
+            model(row[:, :-1])
+            monitor.on_validation_batch_end(trainer, module, None, {"input_ids": row}, index)
+    monitor.on_validation_epoch_end(trainer, module)
+    assert logged["temperatures/token_spread"] > 0 and "sinks/sink_share" not in logged

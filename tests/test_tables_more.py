@@ -53,7 +53,7 @@ def test_every_scale_reports_each_model_under_one_paper_row(name: str) -> None:
     """The gating table once inherited the protocol's OPT-125m row beside its own repo-plot row: the same cells were
     reported twice. Each table names its rows; the engine refuses two rows on one model."""
     table = load_table(name, ROOT)
-    for scale, settings in table["scales"].items():
+    for scale in table["scales"]:
         engine = Engine(table, scale, root=ROOT, runs_dir=Path("unused"))
         rows = {row: model for stage in engine.stages() for row, model in engine.rows(stage).items()}
         assert len(set(rows.values())) == len(rows) == len({c.row for c in engine.cells()})

@@ -143,3 +143,22 @@ def test_a_table_renders_again_from_its_committed_records(tmp_path) -> None:
     assert set(pd.read_csv(tmp_path / "effects.csv")["verdict_holm"]) <= {REPRODUCES, INCONCLUSIVE, NO_PAPER_VALUE}
     with pytest.raises(ConfigError, match="reports computed from its cells"):
         render(TABLE | {"reports": ["pruning"]}, "cpu", results_dir=tmp_path)
+
+
+def test_a_check_on_a_variant_reads_that_variants_cells_and_is_not_measured_where_it_did_not_run() -> None:
+    """SSA's temperatures have moved from their init (issue 23): a check on ``variant: a``, not the baseline."""
+    moved = {"name": "moved", "variant": "a", "conditions": [{"metric": "temperature_token_spread", "at_least": 0.01}]}
+    absent_variant = {**moved, "name": "elsewhere", "variant": "c"}
+    table = {**TABLE, "phenomena": [moved, absent_variant]}
+    rows = records([60.0, 70.0, 50.0], w8a8_gap=3.0)
+    for row in rows:
+        row["temperature_token_spread"] = {"a": 0.03 * row["seed"], "vanilla": None, "b": 0.0}[row["attention"]]
+    checks = phenomena(rows, table).set_index("phenomenon")
+    assert checks.loc["moved", "status"] == PRESENT and checks.loc["moved", "variant"] == "a"
+    assert "temperature_token_spread 0.06 (>= 0.01 needed; 3 seed(s))" in checks.loc["moved", "evidence"]
+    assert checks.loc["elsewhere", "status"] == NOT_MEASURED
+    either = {**moved, "variant": ["c", "a"]}  # the first the table compares
+    assert phenomena(rows, {**table, "phenomena": [either]}).iloc[0]["variant"] == "a"
+    for row in rows:
+        row["temperature_token_spread"] = 0.0 if row["attention"] == "a" else None  # never left its init
+    assert phenomena(rows, table).set_index("phenomenon").loc["moved", "status"] == ABSENT

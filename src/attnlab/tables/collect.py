@@ -101,15 +101,18 @@ def with_derived(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def phenomena(records: list[dict[str, Any]], table: dict[str, Any]) -> pd.DataFrame:
     """The table's ``phenomena`` checks: per check, stage and row, the checked variant's (default: the baseline's)
     mean over seeds of each condition's metric against its threshold. Present when every condition holds; not
-    measured when a metric is missing at this scale."""
+    measured when a metric is missing at this scale, or the variant did not run there."""
     frame = pd.DataFrame(with_derived(records))
     rows = []
     for check in table.get("phenomena") or []:
-        variant = check.get("variant", table["baseline"])
+        named = check.get("variant", table["baseline"])  # or a list: the first of them the table compares
+        candidates = [named] if isinstance(named, str) else list(named)
+        variant = next((v for v in candidates if v in table.get("variants", [])), candidates[0])
         stages = check.get("stages")
-        for (stage, row), group in frame[frame["attention"] == variant].groupby(["stage", "row"], sort=False):
+        for (stage, row), cells in frame.groupby(["stage", "row"], sort=False):
             if stages and stage not in stages:
                 continue
+            group = cells[cells["attention"] == variant]  # none at this scale: the check is "not measured"
             parts, holds = [], []
             for condition in check["conditions"]:
                 metric = condition["metric"]

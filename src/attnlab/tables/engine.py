@@ -38,6 +38,8 @@ TRAINING_METRICS = (
     "val_ppl",
     "unigram_ppl",
 )  # from each cell's results.json: token perplexity and its unigram baseline
+# from its final validation's monitored statistics (results.json's ``monitor``): record column <- logged name
+MONITORED = {"temperature_token_spread": "temperatures/token_spread"}
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -338,6 +340,7 @@ class Engine:
                 | {"seed": cell.seed, "run": self.shown(cell.directory)}
                 | {k: v for k, v in summary.items() if isinstance(v, int | float) and k != "limit"}
                 | {k: trained.get(k) for k in TRAINING_METRICS}
+                | {k: (trained.get("monitor") or {}).get(logged) for k, logged in MONITORED.items()}
             )
         return records
 

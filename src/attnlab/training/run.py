@@ -182,6 +182,8 @@ def run(cfg: DictConfig, evaluate: Callable[[str], dict[str, Any]] | None = None
         "val_loss": metrics.get("val/loss"),
         "val_ppl": metrics.get("val/ppl"),
         "unigram_ppl": unigram,
+        # the final validation's monitored statistics (callbacks.outlier_monitor), for the tables' phenomenon checks
+        "monitor": {k: v for k, v in metrics.items() if k.split("/")[0] in ("outliers", "sinks", "temperatures")},
         "steps": trainer.global_step,
         "train_tokens": tokens,
         "run_tokens": tokens_this_run,

@@ -4,7 +4,10 @@ logs ``outliers/max_inf_norm``, ``outliers/kurtosis_mean`` and ``outliers/kurtos
 its first ``batches`` validation batches (the same text each time), with ``activation_outliers``'s module set.
 With ``sinks: true`` it also logs ``sinks/sink_share`` and ``sinks/first_token_share`` (``attention_sinks``) on the
 same batches, so the attention sink's emergence is a curve too: one more forward per monitored batch, through the
-plain-math path that exposes the maps, after the validation step (the validation loss is untouched)."""
+plain-math path that exposes the maps, after the validation step (the validation loss is untouched). A model with a
+learned temperature (SSA and its ablations) also logs ``temperatures/token_spread`` (``token_temperature_spread``:
+0 at initialisation), so whether the temperatures have learned anything is a curve as well (``temperatures: false``
+turns it off)."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import lightning as L
 import torch
 
 from attnlab.eval.analysis.outliers import OutlierStatistics
+from attnlab.eval.analysis.selectivity import token_temperature_spread
 from attnlab.eval.analysis.sinks import attention_sinks
 from attnlab.nn_utils import forward_hooks
 
@@ -25,11 +29,12 @@ class OutlierMonitor(L.Callback):
 
     LOGGED = ("max_inf_norm", "kurtosis_mean", "kurtosis_max")
 
-    def __init__(self, batches: int = 2, sinks: bool = False) -> None:
+    def __init__(self, batches: int = 2, sinks: bool = False, temperatures: bool = True) -> None:
         if batches < 1:
             raise ValueError(f"callbacks.outlier_monitor.batches must be >= 1, got {batches}")
         self.batches = batches
         self.sinks = sinks
+        self.temperatures = temperatures
         self.statistics: OutlierStatistics | None = None
         self.hooked: ExitStack | None = None
         self.sink_inputs: list[torch.Tensor] = []
@@ -52,7 +57,7 @@ class OutlierMonitor(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int, *args: Any
     ) -> None:
         self._unhook()
-        if self.sinks and self.statistics is not None and batch_idx < self.batches:
+        if (self.sinks or self.temperatures) and self.statistics is not None and batch_idx < self.batches:
             self.sink_inputs.append(batch["input_ids"][:, :-1].long())  # the model reads all but the last token
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
@@ -70,11 +75,17 @@ class OutlierMonitor(L.Callback):
         stats = self.statistics.summary()
         pl_module.log_dict({f"outliers/{key}": float(stats[key]) for key in self.LOGGED}, sync_dist=True)
         self.statistics = None
-        if self.sink_inputs:
-            with torch.compiler.set_stance("force_eager"):
+        logged = {}
+        with torch.compiler.set_stance("force_eager"):
+            if self.sinks and self.sink_inputs:
                 sinks = attention_sinks(pl_module.model, self.sink_inputs)
-            logged = {"sinks/first_token_share": sinks["first_token_share_mean"]}
-            if sinks["sink_share"] is not None:
-                logged["sinks/sink_share"] = sinks["sink_share"]
+                logged["sinks/first_token_share"] = sinks["first_token_share_mean"]
+                if sinks["sink_share"] is not None:
+                    logged["sinks/sink_share"] = sinks["sink_share"]
+            if self.temperatures and self.sink_inputs:
+                spread = token_temperature_spread(pl_module.model, self.sink_inputs)
+                if spread is not None:  # only models with a learned temperature
+                    logged["temperatures/token_spread"] = spread
+        if logged:
             pl_module.log_dict(logged, sync_dist=True)
-            self.sink_inputs = []
+        self.sink_inputs = []

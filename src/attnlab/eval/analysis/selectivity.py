@@ -96,6 +96,28 @@ def token_temperatures(model: nn.Module, tokens: Tensor, component: str = "q") -
     return taus
 
 
+def temperature_component(model: nn.Module) -> str | None:
+    """The first of q, k, v that has a learned temperature, as the temperatures metric reads it."""
+    return next((c for c in ("q", "k", "v") if has_temperature(model, c)), None)
+
+
+def token_temperature_spread(model: nn.Module, batches: Sequence[Tensor]) -> float | None:
+    """How far the learned temperature differs between tokens at the same position: per layer and position, the std
+    over sequences of tau (mean over heads), averaged over positions, layers and batches. The base and the position
+    term are the same for every sequence at one position, so only the token term counts: exactly 0 at
+    initialisation (its last layer starts at zero), whatever the position slope. None without a temperature or
+    without two sequences in a batch."""
+    component = temperature_component(model)
+    spreads = []
+    for batch in batches:
+        if component is None or batch.shape[0] < 2:
+            continue
+        taus = token_temperatures(model, batch, component)  # (layers, B, T); NaN for layers without one
+        per_layer = taus.std(dim=1).mean(dim=-1)
+        spreads.append(per_layer[~per_layer.isnan()].mean())
+    return torch.stack(spreads).mean().item() if spreads else None
+
+
 def _colours(values: Sequence[float]) -> tuple[list[tuple[float, ...]], float, float]:
     """magma colours, dark for the lowest value; returns the colours and the value range."""
     from matplotlib import colormaps
@@ -189,7 +211,7 @@ def _operator_norm(inputs: AnalysisInputs) -> dict[str, Any]:
 def _temperatures(inputs: AnalysisInputs) -> dict[str, Any] | None:
     """tau per token (mean over heads) per layer; the text coloured by its mean over layers (Figure 1)."""
     model, tokenizer = inputs.model, inputs.tokenizer
-    component = next((c for c in ("q", "k", "v") if has_temperature(model, c)), None)
+    component = temperature_component(model)
     if component is None:
         return None
     taus = torch.cat([token_temperatures(model, b, component).flatten(1) for b in inputs.map_batches], dim=1)
