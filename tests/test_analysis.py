@@ -7,12 +7,14 @@ import csv
 import json
 import math
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.callbacks import Callback
 
 from attnlab.attention.head_importance import head_importance, prune_heads_by_importance
 from attnlab.data.tokenizer import train_bpe_tokenizer
@@ -556,27 +558,35 @@ def test_run_analysis_rejects_unknown_options_and_missing_text(tokenizer, tmp_pa
         run_analysis(tiny(), tokenizer[0], tmp_path, {})
 
 
+def validated(
+    model: GPT, monitor: Callback, rows: list[torch.Tensor], reads: Callable = lambda row: row[:, :-1]
+) -> dict:
+    """What ``monitor`` logs over a validation loop of ``rows`` (the model reads ``reads(row)``, as the loop does)."""
+    from types import SimpleNamespace
+
+    logged: dict[str, float] = {}
+    module = SimpleNamespace(model=model, log_dict=lambda values, **_: logged.update(values))
+    trainer = SimpleNamespace(sanity_checking=False)
+    monitor.on_validation_epoch_start(trainer, module)
+    with torch.no_grad():
+        for index, row in enumerate(rows):
+            monitor.on_validation_batch_start(trainer, module, {"input_ids": row}, index)
+            model(reads(row))
+            monitor.on_validation_batch_end(trainer, module, None, {"input_ids": row}, index)
+    monitor.on_validation_epoch_end(trainer, module)
+    return logged
+
+
 def test_the_outlier_monitor_reads_the_validation_forwards_of_its_first_batches() -> None:
     """The callback hooks the loop's own forwards (no extra forward, so FSDP's wrappers and the precision context
     apply): what it logs equals ``activation_outliers`` on the same first batches, and later batches are not read."""
-    from types import SimpleNamespace
 
     from attnlab.eval.analysis.monitor import OutlierMonitor
 
     torch.manual_seed(0)
     model = GPT(ModelConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=61, block_size=16), {"name": "vanilla"}).eval()
     batches = [torch.randint(0, 61, (3, 16)) for _ in range(4)]
-    logged: dict[str, float] = {}
-    module = SimpleNamespace(model=model, log_dict=lambda values, **_: logged.update(values))
-    trainer = SimpleNamespace(sanity_checking=False)
-    monitor = OutlierMonitor(batches=2)
-    monitor.on_validation_epoch_start(trainer, module)
-    with torch.no_grad():
-        for index, batch in enumerate(batches):
-            monitor.on_validation_batch_start(trainer, module, {"input_ids": batch}, index)
-            model(batch)
-            monitor.on_validation_batch_end(trainer, module, None, {"input_ids": batch}, index)
-    monitor.on_validation_epoch_end(trainer, module)
+    logged = validated(model, OutlierMonitor(batches=2), batches, reads=lambda batch: batch)
     expected = activation_outliers(model, batches[:2])
     assert logged == pytest.approx({f"outliers/{key}": expected[key] for key in OutlierMonitor.LOGGED})
     assert not any(getattr(m, "_forward_hooks", None) for m in model.modules())  # every hook removed
@@ -585,24 +595,13 @@ def test_the_outlier_monitor_reads_the_validation_forwards_of_its_first_batches(
 def test_the_outlier_monitor_logs_the_sink_share_of_the_same_batches_when_asked() -> None:
     """``sinks=True``: the first-token shares of ``attention_sinks`` on the monitored batches' inputs (all but the
     last token of each validation row), beside the outlier statistics; later batches are not read."""
-    from types import SimpleNamespace
 
     from attnlab.eval.analysis.monitor import OutlierMonitor
 
     torch.manual_seed(0)
     model = GPT(ModelConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=61, block_size=24), {"name": "vanilla"}).eval()
     rows = [torch.randint(0, 61, (3, 21)) for _ in range(3)]  # 21 tokens: the model reads 20
-    logged: dict[str, float] = {}
-    module = SimpleNamespace(model=model, log_dict=lambda values, **_: logged.update(values))
-    trainer = SimpleNamespace(sanity_checking=False)
-    monitor = OutlierMonitor(batches=2, sinks=True)
-    monitor.on_validation_epoch_start(trainer, module)
-    with torch.no_grad():
-        for index, row in enumerate(rows):
-            monitor.on_validation_batch_start(trainer, module, {"input_ids": row}, index)
-            model(row[:, :-1])
-            monitor.on_validation_batch_end(trainer, module, None, {"input_ids": row}, index)
-    monitor.on_validation_epoch_end(trainer, module)
+    logged = validated(model, OutlierMonitor(batches=2, sinks=True), rows)
     expected = attention_sinks(model, [row[:, :-1] for row in rows[:2]])
     assert logged["sinks/first_token_share"] == pytest.approx(expected["first_token_share_mean"])
     assert logged["sinks/sink_share"] == pytest.approx(expected["sink_share"])
@@ -616,7 +615,6 @@ def test_the_token_temperature_spread_is_zero_at_init_and_reads_only_the_token_t
     """Per position, the std over sequences of tau: the base and the position term are the same for every sequence
     at a position, so a freshly built SSA model (token term's last layer at zero) gives exactly 0, and a token
     function that has moved gives more; the monitor logs it for temperature models only."""
-    from types import SimpleNamespace
 
     from attnlab.eval.analysis.monitor import OutlierMonitor
     from attnlab.eval.analysis.selectivity import token_temperature_spread
@@ -634,15 +632,5 @@ def test_the_token_temperature_spread_is_zero_at_init_and_reads_only_the_token_t
     assert token_temperature_spread(model, [b[:1] for b in batches]) is None  # one sequence: no spread to read
     assert token_temperature_spread(GPT(config, {"name": "vanilla"}), batches) is None
 
-    logged: dict[str, float] = {}
-    module = SimpleNamespace(model=model, log_dict=lambda values, **_: logged.update(values))
-    trainer = SimpleNamespace(sanity_checking=False)
-    monitor = OutlierMonitor(batches=2)
-    monitor.on_validation_epoch_start(trainer, module)
-    with torch.no_grad():
-        for index, row in enumerate(torch.randint(0, 61, (3, 3, 21))):
-            monitor.on_validation_batch_start(trainer, module, {"input_ids": row}, index)
-            model(row[:, :-1])
-            monitor.on_validation_batch_end(trainer, module, None, {"input_ids": row}, index)
-    monitor.on_validation_epoch_end(trainer, module)
+    logged = validated(model, OutlierMonitor(batches=2), list(torch.randint(0, 61, (3, 3, 21))))
     assert logged["temperatures/token_spread"] > 0 and "sinks/sink_share" not in logged
