@@ -83,3 +83,21 @@ def test_the_same_resume_typed_twice_is_refused_while_the_first_trains(tmp_path:
         first.terminate()
         first.communicate(timeout=120)
     assert first.returncode == 143
+
+
+def test_a_filesystem_without_flock_trains_unclaimed_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Some NFS mounts refuse flock on a directory: a cluster run must still train, with a warning, not fail."""
+    import errno
+    import fcntl
+
+    def unsupported(*_args: object) -> None:
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", unsupported)
+    with caplog.at_level("WARNING"):
+        claim_run_directory(tmp_path / "run", "hydra.run.dir")
+    assert "cannot be claimed (No locks available)" in caplog.text
+    assert not run_directory_in_use(tmp_path / "run")
+    release_run_directory(tmp_path / "run")  # nothing held: a no-op

@@ -9,6 +9,7 @@ Lightning, so a checkpoint copied alone anywhere evaluates, fine-tunes or resume
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import pickle
@@ -34,6 +35,8 @@ from attnlab.errors import ConfigError, require, require_choice
 
 if TYPE_CHECKING:
     from attnlab.models import GPT
+
+log = logging.getLogger(__name__)
 
 RECORD_KEY = "attnlab"
 RECORD_FORMAT = 1
@@ -186,6 +189,10 @@ def claim_run_directory(directory: Path, key: str) -> None:
             f"{directory} is in use: another process is training in it now; wait for it to end (its last.ckpt resumes "
             "it), or choose another directory",
         ) from None
+    except OSError as exc:  # a filesystem without flock on directories (some NFS mounts): train unclaimed, and say so
+        os.close(descriptor)
+        log.warning("%s cannot be claimed (%s): two processes could train in it at once", directory, exc.strerror)
+        return
     CLAIMED[resolved] = descriptor
 
 
@@ -206,6 +213,8 @@ def run_directory_in_use(directory: Path) -> bool:
         fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
         return True
+    except OSError:  # no flock on this filesystem: no claim can be seen either
+        return False
     finally:
         os.close(descriptor)  # closing drops the shared lock just taken
     return False
