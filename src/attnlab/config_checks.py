@@ -39,6 +39,19 @@ def typed(value: Any, kind: type, key: str, allowed: str) -> Any:
     return value
 
 
+def positive_int(value: Any, key: str, allowed: str = "must be a positive integer") -> int:
+    """``value`` as an integer >= 1, or a ConfigError naming ``key`` with ``allowed``."""
+    number = typed(value, int, key, allowed)
+    require(number >= 1, key, f"{allowed}, got {number}")
+    return number
+
+
+def check_seed(cfg: DictConfig) -> None:
+    """Both entry points: numpy and the data loaders take 32-bit seeds."""
+    seed = typed(cfg.get("seed"), int, "seed", "must be an integer")
+    require(0 <= seed <= SEED_MAX, "seed", f"must be in [0, {SEED_MAX}], got {seed}")
+
+
 def describe(annotation: Any) -> str:
     """``int``, ``float | None``, ``list[str]``: an annotation as the user reads it."""
     name = getattr(annotation, "__name__", None)
@@ -174,12 +187,10 @@ def check_trainer(cfg: DictConfig, machine: bool = True) -> None:
     import torch
 
     trainer = plain_items(cfg.get("trainer"))
-    max_steps = typed(trainer.get("max_steps"), int, "trainer.max_steps", "must be a positive integer")
-    require(max_steps > 0, "trainer.max_steps", f"must be a positive integer, got {max_steps}")
-    accumulate = typed(
-        trainer.get("accumulate_grad_batches", 1), int, "trainer.accumulate_grad_batches", "must be an integer >= 1"
+    positive_int(trainer.get("max_steps"), "trainer.max_steps")
+    positive_int(
+        trainer.get("accumulate_grad_batches", 1), "trainer.accumulate_grad_batches", "must be an integer >= 1"
     )
-    require(accumulate >= 1, "trainer.accumulate_grad_batches", f"must be an integer >= 1, got {accumulate}")
     interval = trainer.get("val_check_interval")
     if interval is not None:
         allowed = "must be a positive number of steps or a fraction of an epoch in (0, 1]"
@@ -237,8 +248,6 @@ def check_trainer(cfg: DictConfig, machine: bool = True) -> None:
 
 
 def check_across_keys(cfg: DictConfig) -> None:
-    seed = cfg.get("seed")
-    require(0 <= seed <= SEED_MAX, "seed", f"must be in [0, {SEED_MAX}], got {seed}")
     data = plain_items(cfg.get("data"))
     block_size = data.get("block_size")  # (data.batch_size: validate_train_config's own check)
     allowed = f"must be an integer >= 1, got {block_size!r}"
@@ -270,26 +279,16 @@ def check_evaluate_config(cfg: DictConfig, machine: bool = True) -> None:
     that the device asked for is on this machine."""
     import torch
 
-    seed = typed(cfg.get("seed"), int, "seed", "must be an integer")
-    require(0 <= seed <= SEED_MAX, "seed", f"must be in [0, {SEED_MAX}], got {seed}")
-    batch_size = typed(cfg.get("batch_size"), int, "batch_size", "must be a positive integer")
-    require(batch_size >= 1, "batch_size", f"must be a positive integer, got {batch_size}")
+    check_seed(cfg)
+    positive_int(cfg.get("batch_size"), "batch_size")
     limit = cfg.get("limit")
     allowed = "must be null (all examples), a count >= 1 or a fraction in (0, 1)"
     if isinstance(limit, float):
         require(0 < limit < 1, "limit", f"{allowed}, got {limit}")
     elif limit is not None:
-        require(
-            isinstance(limit, int) and not isinstance(limit, bool) and limit >= 1, "limit", f"{allowed}, got {limit!r}"
-        )
-    max_length = cfg.get("max_length")
-    if max_length is not None:
-        typed(max_length, int, "max_length", "must be null (the model's block_size) or a positive integer")
-        require(
-            max_length >= 1,
-            "max_length",
-            f"must be null (the model's block_size) or a positive integer, got {max_length}",
-        )
+        positive_int(limit, "limit", allowed)
+    if cfg.get("max_length") is not None:
+        positive_int(cfg.get("max_length"), "max_length", "must be null (the model's block_size) or a positive integer")
     dtype = cfg.get("dtype")
     require(dtype in DTYPES, "dtype", f"got {dtype!r}; allowed: {', '.join(DTYPES)}")
     device = str(cfg.get("device"))
@@ -310,13 +309,7 @@ def check_evaluate_config(cfg: DictConfig, machine: bool = True) -> None:
         f"must be a non-empty list of lm-eval task names, got {tasks!r}",
     )
     passkey = suite.get("passkey") or {}
-    samples = passkey.get("samples_per_length", 10)
-    allowed = "must be a positive integer"
-    require(
-        isinstance(samples, int) and not isinstance(samples, bool) and samples >= 1,
-        "eval.passkey.samples_per_length",
-        f"{allowed}, got {samples!r}",
-    )
+    positive_int(passkey.get("samples_per_length", 10), "eval.passkey.samples_per_length")
     lengths = passkey.get("context_lengths")
     require(
         lengths is None

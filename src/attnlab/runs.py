@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from tokenizers import Tokenizer
 from torch import Tensor
 
-from attnlab.config_checks import check_evaluate_config, check_run_config, typed
+from attnlab.config_checks import check_evaluate_config, check_run_config, check_seed, positive_int, typed
 from attnlab.errors import ConfigError, require, require_choice
 
 if TYPE_CHECKING:
@@ -278,8 +278,7 @@ def optim_spec(values: dict[str, Any]) -> OptimSpec:
 
 
 def check_common(cfg: DictConfig) -> None:
-    """What both entry points check: the seed, a run directory that stays under outputs/, the checkpoint."""
-    typed(cfg.get("seed"), int, "seed", "must be an integer")
+    """What both entry points check: a run directory that stays under outputs/, the checkpoint."""
     name = str(cfg.get("experiment_name"))
     require(
         SAFE_NAME.fullmatch(name) is not None and ".." not in name,
@@ -294,9 +293,9 @@ def check_common(cfg: DictConfig) -> None:
 def validate_train_config(cfg: DictConfig, check_machine: bool = True) -> OptimSpec:
     """Everything ``train.py`` can check before it writes anything; returns the typed optimiser spec.
     ``check_machine=False``: not whether the devices and files the config names are on this machine now."""
+    check_seed(cfg)
     check_common(cfg)
-    batch_size = typed(cfg.data.get("batch_size"), int, "data.batch_size", "must be a positive integer")
-    require(batch_size > 0, "data.batch_size", f"must be a positive integer, got {batch_size}")
+    positive_int(cfg.data.get("batch_size"), "data.batch_size")
     check_run_config(cfg, machine=check_machine)
     compile_flag = cfg.get("compile", False)
     require(isinstance(compile_flag, bool), "compile", f"must be true or false, got {compile_flag!r}")

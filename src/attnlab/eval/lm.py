@@ -20,6 +20,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
+from attnlab.config_checks import DTYPES as EVAL_DTYPES
 from attnlab.data.tokenizer import eos_token_id, load_pretrained_tokenizer
 from attnlab.errors import ConfigError
 from attnlab.models import GPT, build_gpt
@@ -28,7 +29,7 @@ from attnlab.runs import RunCheckpoint, load_checkpoint
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {name: getattr(torch, name) for name in EVAL_DTYPES}  # evaluate.py checks its dtype= against these names
 BOS_CANDIDATES = ("<|begin_of_text|>", "<s>")
 
 

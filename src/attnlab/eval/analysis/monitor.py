@@ -37,11 +37,11 @@ class OutlierMonitor(L.Callback):
         self.temperatures = temperatures
         self.statistics: OutlierStatistics | None = None
         self.hooked: ExitStack | None = None
-        self.sink_inputs: list[torch.Tensor] = []
+        self.monitored_inputs: list[torch.Tensor] = []
 
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.statistics = None if trainer.sanity_checking else OutlierStatistics(pl_module.model)
-        self.sink_inputs = []
+        self.monitored_inputs = []
 
     def on_validation_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
@@ -58,7 +58,7 @@ class OutlierMonitor(L.Callback):
     ) -> None:
         self._unhook()
         if (self.sinks or self.temperatures) and self.statistics is not None and batch_idx < self.batches:
-            self.sink_inputs.append(batch["input_ids"][:, :-1].long())  # the model reads all but the last token
+            self.monitored_inputs.append(batch["input_ids"][:, :-1].long())  # the model reads all but the last token
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._unhook()
@@ -77,15 +77,15 @@ class OutlierMonitor(L.Callback):
         self.statistics = None
         logged = {}
         with torch.compiler.set_stance("force_eager"):
-            if self.sinks and self.sink_inputs:
-                sinks = attention_sinks(pl_module.model, self.sink_inputs)
+            if self.sinks and self.monitored_inputs:
+                sinks = attention_sinks(pl_module.model, self.monitored_inputs)
                 logged["sinks/first_token_share"] = sinks["first_token_share_mean"]
                 if sinks["sink_share"] is not None:
                     logged["sinks/sink_share"] = sinks["sink_share"]
-            if self.temperatures and self.sink_inputs:
-                spread = token_temperature_spread(pl_module.model, self.sink_inputs)
+            if self.temperatures and self.monitored_inputs:
+                spread = token_temperature_spread(pl_module.model, self.monitored_inputs)
                 if spread is not None:  # only models with a learned temperature
                     logged["temperatures/token_spread"] = spread
         if logged:
             pl_module.log_dict(logged, sync_dist=True)
-        self.sink_inputs = []
+        self.monitored_inputs = []
