@@ -11,6 +11,7 @@ import pytest
 
 from attnlab.errors import ConfigError
 from attnlab.tables import load_table, reproduce
+from attnlab.tables.cells import cell_name
 from attnlab.tables.engine import Engine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,3 +158,27 @@ def test_table3_paper_scale_fine_tunes_the_llama_rows_it_never_pretrains() -> No
     table = load_table("table3", ROOT)
     with pytest.raises(ConfigError, match=r"one model per paper row"):
         Engine({**table, "scales": {**table["scales"], "paper": twice}}, "paper", root=ROOT, runs_dir=Path("unused"))
+
+
+def test_fine_tune_cells_keep_their_names_when_the_runs_directory_moves() -> None:
+    """A fine-tune cell starts from an earlier cell's checkpoint, an absolute path: its name once held that path, so
+    a moved checkout (or a cluster node mounting outputs elsewhere) re-trained every finished fine-tune cell."""
+    here, there = cells("table6", runs_dir=Path("/a/outputs/runs")), cells("table6", runs_dir=Path("/b/runs"))
+    assert here == there
+    assert any(stage == "finetune" for stage, _, _ in here)
+
+
+def test_a_fine_tune_cell_is_named_by_its_start() -> None:
+    """Two starts that differ (another seed's start cell, or a user's own file) give two names."""
+    engine = Engine(load_table("table6", ROOT), "smoke", root=ROOT, runs_dir=Path("/unused"))
+    overrides = [o for o in engine.cells()[-1].overrides if not o.startswith("model.init_from=")]
+    names = {
+        start: engine.cells()[-1].directory.name
+        if start is None
+        else cell_name(engine.compose([*overrides, f"model.init_from={start}"]))
+        for start in [None, "/x/runs/cell-a/checkpoints/last.ckpt", "/y/runs/cell-b/checkpoints/last.ckpt", "/x/my.ckpt"]
+    }
+    assert len(set(names.values())) == 4
+    assert cell_name(engine.compose([*overrides, "model.init_from=/z/cell-a/checkpoints/last.ckpt"])) == names[
+        "/x/runs/cell-a/checkpoints/last.ckpt"
+    ]
