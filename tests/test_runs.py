@@ -6,6 +6,7 @@ import json
 import math
 import os
 import pickle
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import torch
 
 from attnlab.errors import ConfigError
 from attnlab.models import GPT, ModelConfig, build_gpt
-from attnlab.runs import load_checkpoint, write_results
+from attnlab.runs import load_checkpoint, release_run_directory, write_results
 from attnlab.training.module import warmup_cosine
 from attnlab.training.run import run
 from tests.conftest import MICRO_DATA, MICRO_MODEL, compose_config
@@ -110,6 +111,29 @@ def test_resume_rejects_a_changed_model_attention_or_optimiser(pretrained: Path,
         with pytest.raises(ConfigError, match=r"model\.init_from=") as err:
             run(make_config([*QUIET, *SHORT, "trainer.max_steps=6", f"ckpt_path={pretrained}", override]))
         assert err.value.key == key
+
+
+def test_a_fine_tune_resumes_after_its_runs_directory_moved(pretrained: Path, make_config, tmp_path: Path) -> None:
+    """``init_from`` is an absolute path: a moved checkout once refused to resume its own fine-tune. The same start
+    run at a new place continues; another start run is still refused."""
+    old, new = tmp_path / "a" / "runs", tmp_path / "b" / "runs"
+    start = old / "start-cell" / "checkpoints" / "last.ckpt"
+    start.parent.mkdir(parents=True)
+    shutil.copy(pretrained, start)
+    tune = [*QUIET, *SHORT, "attention=ssa"]
+    run(make_config([*tune, "trainer.max_steps=2", f"model.init_from={start}"], old / "tuned"))
+    release_run_directory(old / "tuned")  # as train.py's process ends
+    shutil.move(old.parent, new.parent)
+    resume = f"ckpt_path={new / 'tuned' / 'checkpoints' / 'last.ckpt'}"
+    moved_start = new / "start-cell" / "checkpoints" / "last.ckpt"
+    results = run(make_config([*tune, "trainer.max_steps=4", f"model.init_from={moved_start}", resume], new / "tuned"))
+    assert results["steps"] == 4
+    other = new / "other-cell" / "checkpoints" / "last.ckpt"
+    other.parent.mkdir(parents=True)
+    shutil.copy(pretrained, other)
+    with pytest.raises(ConfigError) as err:
+        run(make_config([*tune, "trainer.max_steps=6", f"model.init_from={other}", resume], new / "tuned"))
+    assert err.value.key == "model.init_from"
 
 
 def test_resume_keeps_the_schedule_horizon_when_max_steps_grows(pretrained: Path, make_config, tmp_path) -> None:

@@ -172,13 +172,11 @@ def test_a_fine_tune_cell_is_named_by_its_start() -> None:
     """Two starts that differ (another seed's start cell, or a user's own file) give two names."""
     engine = Engine(load_table("table6", ROOT), "smoke", root=ROOT, runs_dir=Path("/unused"))
     overrides = [o for o in engine.cells()[-1].overrides if not o.startswith("model.init_from=")]
-    names = {
-        start: engine.cells()[-1].directory.name
-        if start is None
-        else cell_name(engine.compose([*overrides, f"model.init_from={start}"]))
-        for start in [None, "/x/runs/cell-a/checkpoints/last.ckpt", "/y/runs/cell-b/checkpoints/last.ckpt", "/x/my.ckpt"]
-    }
+    starts = ["/x/runs/cell-a/checkpoints/last.ckpt", "/y/runs/cell-b/checkpoints/last.ckpt", "/x/my.ckpt"]
+    names = {start: cell_name(engine.compose([*overrides, f"model.init_from={start}"])) for start in starts}
+    names[None] = engine.cells()[-1].directory.name
     assert len(set(names.values())) == 4
-    assert cell_name(engine.compose([*overrides, "model.init_from=/z/cell-a/checkpoints/last.ckpt"])) == names[
-        "/x/runs/cell-a/checkpoints/last.ckpt"
-    ]
+    assert (
+        cell_name(engine.compose([*overrides, "model.init_from=/z/cell-a/checkpoints/last.ckpt"]))
+        == names["/x/runs/cell-a/checkpoints/last.ckpt"]
+    )

@@ -31,6 +31,7 @@ from tokenizers import Tokenizer
 from torch import Tensor
 
 from attnlab.config_checks import check_evaluate_config, check_run_config, check_seed, positive_int, typed
+from attnlab.digest import start_identity
 from attnlab.errors import ConfigError, require, require_choice
 
 if TYPE_CHECKING:
@@ -500,6 +501,13 @@ def legacy_checkpoint(path: Path, raw: dict[str, Any], weights: dict[str, Tensor
     return RunCheckpoint(path, spec, tokenizer_json, data, weights, step, legacy=True)
 
 
+def same_setting(key: str, ours: Any, theirs: Any) -> bool:
+    """Equal, or (``init_from``) the same start run seen from a moved checkout."""
+    if key == "init_from" and isinstance(ours, str) and isinstance(theirs, str):
+        return start_identity(ours) == start_identity(theirs)
+    return ours == theirs
+
+
 def check_resume(saved: RunCheckpoint, model: dict[str, Any], attention: dict[str, Any], optim: dict[str, Any]) -> None:
     """Resuming continues the same run: a different model, attention or optimiser is an error naming the key."""
     sections = [("attention", attention, saved.spec["attention"]), ("optim", optim, saved.spec["optim"])]
@@ -507,7 +515,7 @@ def check_resume(saved: RunCheckpoint, model: dict[str, Any], attention: dict[st
         sections.insert(0, ("model", model, saved.spec["model_request"]))
     for section, ours, theirs in sections:
         for key in sorted(set(ours) | set(theirs), key=lambda k: (k != "name", k)):  # a new variant: name first
-            if ours.get(key) != theirs.get(key):
+            if not same_setting(key, ours.get(key), theirs.get(key)):
                 raise ConfigError(
                     f"{section}.{key}",
                     f"{ours.get(key)!r} differs from the resumed checkpoint's {theirs.get(key)!r}; resuming "

@@ -12,7 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from attnlab.digest import digest
+from attnlab.digest import digest, start_identity
 
 # What decides a run's numbers; logger, paths, progress bar, experiment name and checkpoint to resume do not.
 IDENTITY_KEYS = ("model", "attention", "data", "optim", "seed", "train_tokens", "cell_salt")
@@ -27,21 +27,11 @@ def _resolved(node: Any) -> Any:
     return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
 
 
-def _start_identity(init_from: str) -> str:
-    """A start checkpoint in a run's ``checkpoints/`` is named by that run, whose name is its identity: a fine-tune
-    cell keeps its name (and its finished run) when the repository or the runs directory moves. Any other start (a
-    hub id, a file of the user's) is what it says."""
-    path = Path(init_from)
-    if path.parent.name == "checkpoints" and path.parent.parent.name:
-        return f"run:{path.parent.parent.name}/{path.name}"
-    return init_from
-
-
 def identity(root: DictConfig) -> dict[str, Any]:
     """The identity-relevant part of a composed ``train.yaml`` config."""
     ident = {key: _resolved(root[key]) for key in IDENTITY_KEYS if key in root}
     if ident.get("model", {}).get("init_from"):
-        ident["model"]["init_from"] = _start_identity(str(ident["model"]["init_from"]))
+        ident["model"]["init_from"] = start_identity(str(ident["model"]["init_from"]))
     if root.get("global_batch_tokens") is not None:  # only when set: cells named before the key existed keep names
         ident["global_batch_tokens"] = root.global_batch_tokens
     trainer = root.get("trainer") or {}

@@ -99,6 +99,9 @@ def run(cfg: DictConfig, evaluate: Callable[[str], dict[str, Any]] | None = None
         log.info("Resuming %s at step %d", resumed.path, resumed.global_step)
         model_cfg, attention = dict(resumed.spec["model"]), dict(resumed.spec["attention"])
         pretrained = None
+        source = str(model_cfg.get("tokenizer") or "")
+        if source.endswith(".ckpt") and not Path(source).is_file() and resumed.tokenizer_json is not None:
+            model_cfg["tokenizer"] = str(resumed.path)  # the start moved with its checkout; this one carries the same
     elif request.get("init_from"):
         pretrained = build_gpt(request, attention)  # architecture and tokenizer are the source's
         model_cfg = pretrained.config.to_dict()
@@ -126,7 +129,9 @@ def run(cfg: DictConfig, evaluate: Callable[[str], dict[str, Any]] | None = None
         model_cfg["vocab_size"] = vocab
     # train mode: a pretrained model comes back in eval mode, and Lightning keeps the mode it finds, which would
     # fine-tune with dropout off
-    model = (pretrained or build_gpt(model_cfg, attention)).train()
+    # a resumed run is its checkpoint's weights, not its start's again (which may have moved with the checkout)
+    weights = resumed.state_dict if resumed is not None else None
+    model = (pretrained or build_gpt(model_cfg, attention, weights=weights)).train()
     model.set_token_frequencies(torch.from_numpy(datamodule.token_counts))
     log.info(describe_model(model, attention))
 
