@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pandas as pd
 import pytest
 
 from attnlab.tables.collect import (
@@ -162,3 +163,18 @@ def test_a_check_on_a_variant_reads_that_variants_cells_and_is_not_measured_wher
     for row in rows:
         row["temperature_token_spread"] = 0.0 if row["attention"] == "a" else None  # never left its init
     assert phenomena(rows, table).set_index("phenomenon").loc["moved", "status"] == ABSENT
+
+
+def test_a_paper_range_is_shown_beside_ours_and_never_judged() -> None:
+    """Qiu et al. give the mean gate only as "about 0.11-0.25": the table shows the range, and no verdict is drawn
+    from it (a difference against a range means nothing)."""
+    table = {**TABLE, "paper": {"pretrain": {"R": {"vanilla": [10.0, 12.0], "a": [9.0, [0.11, 0.25]]}}}}
+    summary = summarise(records([3, 3, 3], 0.5), table, "cpu")
+    a_w8 = summary[(summary["attention"] == "a") & (summary["column"] == "w8")].iloc[0]
+    assert pd.isna(a_w8["paper"]) and (a_w8["paper_low"], a_w8["paper_high"]) == (0.11, 0.25)
+    a_ppl = summary[(summary["attention"] == "a") & (summary["column"] == "ppl")].iloc[0]
+    assert a_ppl["paper"] == a_ppl["paper_low"] == a_ppl["paper_high"] == 9.0
+    markdown = to_markdown(summary, effects(records([3, 3, 3], 0.5), table, "cpu"), table, "cpu", None)
+    assert "0.110-0.250" in markdown and "9.000" in markdown
+    verdicts = effects(records([3, 3, 3], 0.5), table, "cpu").set_index(["attention", "column"])["verdict"]
+    assert verdicts[("a", "w8")] == NO_PAPER_VALUE and verdicts[("a", "ppl")] != NO_PAPER_VALUE

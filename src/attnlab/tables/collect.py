@@ -72,9 +72,24 @@ def column_map(table: dict[str, Any], scale: str) -> list[dict[str, Any]]:
     return mapped
 
 
-def paper_value(table: dict[str, Any], stage: str, row: str, attention: str, index: int) -> float | None:
+def paper_value(
+    table: dict[str, Any], stage: str, row: str, attention: str, index: int
+) -> float | tuple[float, float] | None:
+    """The paper's number, or ``(low, high)`` where it states only a range (Qiu et al.'s mean gate "about
+    0.11-0.25"): shown beside ours, never differenced into a verdict."""
     values = (table.get("paper") or {}).get(stage, {}).get(row, {}).get(attention)
-    return float(values[index]) if values and values[index] is not None else None
+    value = values[index] if values else None
+    if value is None:
+        return None
+    if isinstance(value, list | tuple):
+        low, high = value
+        return float(low), float(high)
+    return float(value)
+
+
+def scalar_paper_value(table: dict[str, Any], stage: str, row: str, attention: str, index: int) -> float | None:
+    value = paper_value(table, stage, row, attention, index)
+    return None if isinstance(value, tuple) else value
 
 
 # Metrics computed from a record's own columns when it has their inputs (a table's phenomenon checks read them).
@@ -165,12 +180,14 @@ def summarise(records: list[dict[str, Any]], table: dict[str, Any], scale: str) 
         for index, column in enumerate(column_map(table, scale)):
             ours = column["ours"]
             values = group[ours].dropna() if ours in group else pd.Series(dtype=float)
+            paper = paper_value(table, stage, row, attention, index)
+            low, high = paper if isinstance(paper, tuple) else (paper, paper)
             rows.append(
                 {"stage": stage, "row": row, "model": group["model"].iloc[0], "attention": attention}
                 | {"column": column["paper"], "metric": ours, "standin": column["standin"], "seeds": len(values)}
                 | {"mean": values.mean() if len(values) else None}
                 | {"std": values.std(ddof=1) if len(values) > 1 else None}
-                | {"paper": paper_value(table, stage, row, attention, index)}
+                | {"paper": None if isinstance(paper, tuple) else paper, "paper_low": low, "paper_high": high}
             )
     return pd.DataFrame(rows)
 
@@ -192,8 +209,8 @@ def effects(records: list[dict[str, Any]], table: dict[str, Any], scale: str) ->
                 diffs = (by_seed[attention] - by_seed[baseline]).dropna().tolist()
                 if not diffs:
                     continue
-                paper_variant = paper_value(table, stage, row, attention, index)
-                paper_base = paper_value(table, stage, row, baseline, index)
+                paper_variant = scalar_paper_value(table, stage, row, attention, index)
+                paper_base = scalar_paper_value(table, stage, row, baseline, index)
                 paper_diff = paper_variant - paper_base if None not in (paper_variant, paper_base) else None
                 mean, low, high = paired_interval(diffs)
                 base = by_seed[baseline].mean()
@@ -239,6 +256,15 @@ def _cell(mean: Any, std: Any) -> str:
     return f"{mean:.3f}" if std is None or pd.isna(std) else f"{mean:.3f} ± {std:.3f}"
 
 
+def paper_cell(found: pd.Series) -> str:
+    """``5.761``, a stated range ``0.110-0.250``, or ``-`` where the paper gives no number."""
+    if not pd.isna(found["paper"]):
+        return f"{found['paper']:.3f}"
+    if not pd.isna(found["paper_low"]):
+        return f"{found['paper_low']:.3f}-{found['paper_high']:.3f}"
+    return "-"
+
+
 def variant_label(table: dict[str, Any], attention: str) -> str:
     """``temp_q (Q)``: our attention= name with the paper's label for it, when the table gives one."""
     paper_name = (table.get("paper_variant_names") or {}).get(attention)
@@ -263,7 +289,7 @@ def to_markdown(
             for column in ran:
                 found = group[group["column"] == column["paper"]].iloc[0]
                 entry[f"{column['paper']} (ours)"] = _cell(found["mean"], found["std"])
-                entry[f"{column['paper']} (paper)"] = "-" if pd.isna(found["paper"]) else f"{found['paper']:.3f}"
+                entry[f"{column['paper']} (paper)"] = paper_cell(found)
             wide.append(entry)
         lines += [f"## {stage}", "", pd.DataFrame(wide).to_markdown(index=False), ""]
     seeds = int(summary["seeds"].max()) if len(summary) else 0
