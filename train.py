@@ -6,6 +6,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 import attnlab.resolvers  # noqa: F401  (registers ${run_id:} before Hydra composes the config)
+import hydra_plugins.attnlab_launcher  # noqa: F401  (hydra/launcher=joblib is ours on purpose: no schema warning)
 from attnlab.errors import interrupted
 
 

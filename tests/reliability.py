@@ -83,3 +83,17 @@ class SigintMidStep(Callback):
     def on_before_optimizer_step(self, trainer: object, pl_module: object, optimizer: object) -> None:
         if trainer.global_step + 1 == self.step:
             os.kill(os.getpid(), signal.SIGINT)
+
+
+class SigkillSweepJob(Callback):
+    """SIGKILLs its own process after optimizer step ``step`` in the sweep job run with ``seed=<seed>``: a worker
+    taken by the OOM killer (``+callbacks.kill._target_=tests.reliability.SigkillSweepJob +callbacks.kill.seed=2``)."""
+
+    def __init__(self, seed: int, step: int) -> None:
+        self.seed, self.step = seed, step
+
+    def on_train_batch_end(self, trainer: object, *args: object) -> None:
+        from hydra.core.hydra_config import HydraConfig
+
+        if trainer.global_step >= self.step and f"seed={self.seed}" in HydraConfig.get().overrides.task:
+            os.kill(os.getpid(), signal.SIGKILL)

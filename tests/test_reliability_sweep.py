@@ -107,3 +107,26 @@ def test_a_sweep_over_many_long_overrides_keeps_its_directory_names_short(tmp_pa
     names = sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir())
     assert len(names) == 2 and all(len(name) <= 120 for name in names)
     assert [name.split("_")[0] for name in names] == ["0", "1"] and names[0] != names[1]
+
+
+def test_a_joblib_worker_killed_fails_its_own_job_only(tmp_path: Path, data_cache: Path) -> None:
+    """Hydra's joblib launcher lost the whole sweep, summary included, when one worker was killed (loky breaks its
+    pool and every job in flight dies). The job that kills its worker is reported; the others finish, the one that
+    died beside it continuing from its last.ckpt."""
+    swept = tmp_path / "sweep"
+    overrides = [*MICRO_MODEL, *MICRO_DATA, "trainer=cpu", "callbacks.progress_bar.refresh_rate=0"]
+    overrides += ["trainer.max_steps=6", "trainer.limit_val_batches=1"]
+    overrides += ["callbacks.last_checkpoint.every_n_train_steps=2"]
+    overrides += ["+callbacks.kill._target_=tests.reliability.SigkillSweepJob", "+callbacks.kill.seed=2"]
+    overrides += ["+callbacks.kill.step=3", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
+    command = [sys.executable, "train.py", "-m", "seed=1,2,3", *overrides, "ckpt_path=${resume_ckpt:}"]
+    command += [f"paths.cache_dir={data_cache}", f"hydra.sweep.dir={swept}"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900, env=UNBUFFERED)
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output[-3000:]
+    assert "2 of 3 jobs completed" in done.stdout
+    assert re.search(r"job 1 \(seed=2 [^)]*\) failed: error: its worker process died", done.stdout)
+    finished = sorted(p.relative_to(swept).parts[0].split("_")[0] for p in swept.rglob("results.json"))
+    assert finished == ["0", "2"]
+    assert "TerminatedWorkerError" not in output and not list(swept.glob(".started-*"))
+    assert "validated against ConfigStore schema" not in output  # our joblib.yaml matches the plugin's on purpose

@@ -56,6 +56,13 @@ def read_jobs(sweep_dir: Path, sweep: str | None = None) -> list[dict[str, Any]]
     return sorted(jobs, key=lambda job: job["num"])
 
 
+def record_job(sweep_dir: Path, record: dict[str, Any]) -> None:
+    """One line of ``jobs.jsonl``, the file locked while it is written (parallel jobs share it)."""
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    with locked(sweep_dir / JOBS_FILE, "a") as fh:
+        fh.write(json.dumps(record) + "\n")
+
+
 def job_sweep_dir(config: DictConfig, output_dir: str) -> Path:
     """The sweep directory a job's ``output_dir`` lies in: ``output_dir`` less its resolved ``hydra.sweep.subdir``.
     Read from the job's own directory, not by resolving ``hydra.sweep.dir`` again: that interpolates keys of the task
@@ -95,9 +102,7 @@ class SweepReport(Callback):
             if not getattr(error, "interrupted", False):  # a signal stops the whole sweep (below), not one job
                 job_return.status, job_return.return_value = JobStatus.COMPLETED, None  # handled: the sweep goes on
         sweep_dir = job_sweep_dir(config, hydra_cfg.runtime.output_dir)
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        with locked(sweep_dir / JOBS_FILE, "a") as fh:
-            fh.write(json.dumps(record) + "\n")
+        record_job(sweep_dir, record)
         if job_return.status == JobStatus.FAILED:
             print(f"{record['error']}; the sweep stops here (finished jobs: {sweep_dir / JOBS_FILE})", file=sys.stderr)
             raise SystemExit(error.exit_status)  # 128 + the signal, so a caller (the table engine) stops too
