@@ -108,3 +108,19 @@ def test_analysis_suite_delegates_or_says_it_is_missing(lm: AttnlabLM, tmp_path:
     monkeypatch.setitem(sys.modules, "attnlab.eval.analysis", None)  # as if not importable
     with pytest.raises(ConfigError, match="analysis not available"):
         evaluate_suite(lm, suite("analysis"), tmp_path)
+
+
+def test_an_lm_eval_task_in_an_attnlab_suite_offline_is_one_line_and_leaves_no_file(
+    lm: AttnlabLM, tmp_path: Path, data_cache: Path
+) -> None:
+    """``eval.tasks=[lambada_openai]`` with the default (attnlab-only) suite: once "no such task" (the suite did not
+    index lm-eval's registry), and offline a raw ConnectionError; now the task is found and the missing hub is one
+    line, with no tokenizer copy left behind."""
+    from attnlab.errors import ConfigError
+
+    quick = {**suite("quick"), "tasks": ["lambada_openai"]}
+    with pytest.raises(ConfigError) as err:
+        evaluate_suite(lm, quick, tmp_path / "out", limit=2, cache_dir=str(data_cache))
+    assert err.value.key == "eval.tasks" and "hub" in str(err.value) and "\n" not in str(err.value)
+    assert "no such task" not in str(err.value)
+    assert not list((tmp_path / "out").glob("*"))

@@ -58,6 +58,12 @@ def test_short_training_run_lowers_the_loss_and_writes_its_outputs(make_config, 
     assert list((out / "checkpoints").glob("best-*.ckpt"))
     saved = json.loads((out / "results.json").read_text())
     assert saved["val_loss"] == pytest.approx(results["val_loss"])
+    # two validations of 8 batches and the checkpoints count in the fit's clock, not in the training steps' one
+    timed = [r for r in rows if r.get("train/time")][-1]
+    assert results["train_loop_tokens_per_second"] == pytest.approx(
+        float(timed["train/lengths"]) / float(timed["train/time"])
+    )
+    assert results["train_loop_tokens_per_second"] > results["tokens_per_second"]
 
 
 def test_resume_from_last_checkpoint_continues_in_a_new_directory(make_config, tmp_path: Path) -> None:

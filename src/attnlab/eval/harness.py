@@ -77,14 +77,16 @@ def run_lm_eval(
 
     metadata = task_metadata(lm, suite, out_dir, cache_dir)
     include = [str(TASKS_DIR), *(str(Path(p).resolve()) for p in suite.get("include_path") or [])]
-    manager = TaskManager(include_path=include, include_defaults=suite.get("include_defaults", True), metadata=metadata)
-    known = set(manager.all_tasks)
-    unknown = [task for task in suite["tasks"] if task not in known and not Path(task).is_file()]
+    defaults = suite.get("include_defaults", True)
+    manager = TaskManager(include_path=include, include_defaults=defaults, metadata=metadata)
+    unknown = [task for task in suite["tasks"] if task not in manager.all_tasks and not Path(task).is_file()]
+    if unknown and not defaults:  # a suite of attnlab's own tasks, given one of lm-eval's (eval.tasks=[...])
+        manager = TaskManager(include_path=include, include_defaults=True, metadata=metadata)
+        unknown = [task for task in unknown if task not in manager.all_tasks]
     if unknown:
-        where = "lm-eval's registry, " if suite.get("include_defaults", True) else ""
         raise ConfigError(
             "eval.tasks",
-            f"{', '.join(map(repr, unknown))}: no such task in {where}{' or '.join(include)} "
+            f"{', '.join(map(repr, unknown))}: no such task in lm-eval's registry, {' or '.join(include)} "
             "(lm-eval task, group or tag names, or a task YAML file)",
         )
     lm.tokenizer.save(metadata["tokenizer"])
@@ -102,6 +104,7 @@ def run_lm_eval(
             fewshot_random_seed=seed,
         )
     except Exception as exc:
+        Path(metadata["tokenizer"]).unlink(missing_ok=True)  # the tasks' copy: a failed evaluation leaves no files
         if re.search(r"offline|connect|couldn't reach|hub", f"{type(exc).__name__} {exc}", re.IGNORECASE):
             raise ConfigError(
                 "eval.tasks",

@@ -193,7 +193,8 @@ def run(cfg: DictConfig, evaluate: Callable[[str], dict[str, Any]] | None = None
         "train_tokens": tokens,
         "run_tokens": tokens_this_run,
         "train_seconds": seconds,
-        "tokens_per_second": tokens_this_run / seconds if seconds > 0 else None,
+        "tokens_per_second": tokens_this_run / seconds if seconds > 0 else None,  # the whole fit: validation too
+        "train_loop_tokens_per_second": training_steps_rate(trainer),
         "parameters": model.num_parameters(),
         **kernel_record(),
         "best_checkpoint": own_file(getattr(checkpoint, "best_model_path", None), out),
@@ -209,6 +210,16 @@ def run(cfg: DictConfig, evaluate: Callable[[str], dict[str, Any]] | None = None
         write_results(out / RESULTS_FILE, results)
         announce(summary(results))  # the terminal's last words, also at the end of train.log
     return results
+
+
+def training_steps_rate(trainer: L.Trainer) -> float | None:
+    """Tokens per second of the training steps alone, as Lightning's ThroughputMonitor (callbacks.throughput) last
+    logged them: its clock leaves out validation, so a short run with frequent validation is not reported slow.
+    None without the monitor."""
+    logged = trainer.logged_metrics
+    if "train/time" not in logged or "train/lengths" not in logged or float(logged["train/time"]) <= 0:
+        return None
+    return float(logged["train/lengths"]) / float(logged["train/time"])
 
 
 def relaunches_command(trainer: L.Trainer) -> bool:
@@ -242,10 +253,12 @@ def describe_model(model: GPT, attention: dict[str, Any]) -> str:
 def summary(results: dict[str, Any]) -> str:
     val_ppl = results["val_ppl"]
     ppl = f"{val_ppl:.1f}" if val_ppl is not None else "n/a"
-    rate = results["tokens_per_second"] or 0.0
+    rate = f"{results['tokens_per_second'] or 0.0:,.0f} tokens/s"
+    if results.get("train_loop_tokens_per_second"):  # runs recorded before it was measured print what they have
+        rate += f" overall, {results['train_loop_tokens_per_second']:,.0f} in training steps"
     return (
         f"\nattnlab: {results['model']} + attention={results['attention']}, {results['steps']} steps, "
-        f"{results['run_tokens']:,} tokens in {results['train_seconds']:.0f} s ({rate:,.0f} tokens/s)\n"
+        f"{results['run_tokens']:,} tokens in {results['train_seconds']:.0f} s ({rate})\n"
         f"  validation perplexity {ppl}  vs  unigram baseline {results['unigram_ppl']:.1f}\n"
         f"  outputs: {results['output_dir']}\n"
     )
