@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import csv
 import json
+import logging
 import math
 from collections import Counter
 from collections.abc import Callable
@@ -507,7 +508,8 @@ def tokenizer():
 
 
 @pytest.mark.parametrize("attention", ["vanilla", "ssa", "gated_sdpa"])
-def test_run_analysis_writes_every_applicable_file(attention: str, tokenizer, tmp_path: Path) -> None:
+def test_run_analysis_writes_every_applicable_file(attention: str, tokenizer, tmp_path: Path, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="attnlab.eval.analysis")
     tok, text = tokenizer
     config = ModelConfig(n_layer=2, n_head=2, n_embd=16, block_size=32, vocab_size=tok.get_vocab_size())
     torch.manual_seed(0)
@@ -533,6 +535,10 @@ def test_run_analysis_writes_every_applicable_file(attention: str, tokenizer, tm
     assert no_hooks(module.model)
     printed = format_summary(result)
     assert "perplexity" in printed and "heads kept per layer" in printed
+    # progress: eval=analysis once printed nothing for 8 minutes
+    progress = [r.getMessage() for r in caplog.records if r.name.startswith("attnlab.eval.analysis")]
+    assert any(m.startswith("analysis: pruning (") for m in progress) and any("done in" in m for m in progress)
+    assert sum(m.startswith("pruning: ") for m in progress) == 6  # one line per order
     assert ("gate value" in printed) == (attention == "gated_sdpa")
 
 

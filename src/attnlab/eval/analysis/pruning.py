@@ -4,6 +4,7 @@ in order of importance, against removing them at random; and which layers keep t
 from __future__ import annotations
 
 import csv
+import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +27,7 @@ from attnlab.eval.analysis.common import (
 if TYPE_CHECKING:
     import pandas as pd
 
+log = logging.getLogger(__name__)
 DEFAULT_FRACTIONS = tuple(i / 10 for i in range(10))  # 0, 10, ..., 90 % of the heads removed
 ORDERS = ("importance", "random")
 
@@ -61,7 +63,15 @@ def pruning_curves(
     ]
     rows = []
     try:
-        for order, repeat, score in orders:
+        for number, (order, repeat, score) in enumerate(orders, start=1):
+            log.info(
+                "pruning: %s order %d (%d of %d orders, %d steps each)",
+                order,
+                repeat,
+                number,
+                len(orders),
+                len(fractions),
+            )
             mask = torch.ones_like(original)
             for fraction in fractions:
                 mask = prune_heads_by_importance(score, round(fraction * mask.numel()), mask)

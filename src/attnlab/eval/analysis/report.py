@@ -4,6 +4,8 @@ prints it. A metric is a ``register_metric`` function in its own module (outlier
 from __future__ import annotations
 
 import json
+import logging
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,8 @@ from attnlab.data.tokenizer import joined_ids
 from attnlab.errors import ConfigError, require
 from attnlab.eval.analysis.common import METRICS, AnalysisInputs, perplexity, unwrap
 from attnlab.runs import write_atomic
+
+log = logging.getLogger(__name__)
 
 SHARED_OPTIONS: dict[str, Any] = {
     "texts": None,  # str or list of str, tokenized and joined with the end-of-text token
@@ -72,9 +76,18 @@ def run_analysis(model_or_module: nn.Module, tokenizer: Tokenizer, out_dir: Path
     inputs.batches = inputs.rows(tokens, options["eval_max_tokens"])
     inputs.map_batches = inputs.rows(tokens, options["max_tokens"])
     sections: dict[str, Any] = {}
-    for name, metric in METRICS.items():
-        if name in options["metrics"] and (section := metric.compute(inputs)) is not None:
+    chosen = [name for name in METRICS if name in options["metrics"]]
+    for number, name in enumerate(chosen, start=1):  # minutes in all on a CPU: a line per metric says where it is
+        log.info("analysis: %s (%d of %d) on %d sequences", name, number, len(chosen), len(inputs.batches))
+        started = time.perf_counter()
+        if (section := METRICS[name].compute(inputs)) is not None:
             sections[name] = section
+        log.info(
+            "analysis: %s %s in %.0f s",
+            name,
+            "done" if section is not None else "skipped",
+            time.perf_counter() - started,
+        )
     fp = sections["w8a8"]["fp_perplexity"] if "w8a8" in sections else perplexity(model, inputs.batches)
     summary: dict[str, Any] = {
         "attention": model.attention_config.get("name", "vanilla"),
