@@ -1,4 +1,6 @@
-"""Reproduce a paper table: ``python experiments/reproduce_table.py table=table3 scale=cpu`` (see conf/table/)."""
+"""Reproduce a paper table: ``python experiments/reproduce_table.py table=table3 scale=cpu``.
+
+The tables are configs in experiments/conf/table/."""
 
 import shlex
 import signal
@@ -16,7 +18,7 @@ from attnlab.tables.engine import TableInterrupted
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="reproduce_table")
+@hydra.main(version_base="1.3", config_path="conf", config_name="reproduce_table")
 def main(cfg: DictConfig) -> None:
     signal.signal(signal.SIGTERM, stop_on_sigterm)  # between sweeps (evaluating, writing) as during one: one line
     try:

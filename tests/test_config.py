@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from attnlab.attention import available_attention, resolve_options
 from attnlab.models import ModelConfig
-from tests.conftest import CONF
+from tests.conftest import CONF, ROOT
 
 GROUPS = ["model", "attention", "data", "trainer", "logger", "callbacks", "paths", "hydra", "experiment", "debug"]
 
@@ -172,13 +172,14 @@ def undocumented(path: Path) -> list[str]:
         exempt = key in ("_target_", "defaults") or "defaults" in parents or parents & DATA_NODES or mapping
         exempt = exempt or (path.parent.name == "model" and key in model_fields)
         if not (commented or exempt or (indent, key) in documented):
-            missing.append(f"{path.relative_to(CONF)}:{number + 1}: {line.strip()}")
+            missing.append(f"{path.relative_to(ROOT)}:{number + 1}: {line.strip()}")
     return missing
 
 
 def test_every_config_key_says_what_it_does() -> None:
     """Each key a user may set carries a comment: what it does, its unit or allowed values."""
-    missing = [entry for path in sorted(CONF.rglob("*.yaml")) for entry in undocumented(path)]
+    configs = [*CONF.rglob("*.yaml"), *(ROOT / "experiments" / "conf").rglob("*.yaml")]
+    missing = [entry for path in sorted(configs) for entry in undocumented(path)]
     assert missing == [], "keys without a comment:\n" + "\n".join(missing)
 
 

@@ -152,6 +152,14 @@ def test_cli_unknown_group_option_lists_the_available_ones(tmp_path: Path) -> No
     assert "Could not find 'model/nope'" in done.stderr and "tiny" in done.stderr
 
 
+def test_help_lists_only_what_train_py_composes(tmp_path: Path) -> None:
+    """``--help`` once listed the table engine's groups (``table=table3`` then failed): they live with the engine."""
+    done = train_cli("--help", tmp_path=tmp_path)
+    groups = {line.split(":")[0] for line in done.stdout.split("== Config ==")[0].splitlines() if ": " in line}
+    assert done.returncode == 0 and {"attention", "model", "data", "trainer", "eval", "logger"} <= groups
+    assert not groups & {"table", "table_protocol"}
+
+
 def test_cli_bad_value_exits_nonzero_with_one_clear_line(tmp_path: Path) -> None:
     done = train_cli("model.n_head=5", tmp_path=tmp_path)
     assert done.returncode != 0

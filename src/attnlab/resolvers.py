@@ -19,16 +19,19 @@ RUN_ID = f"{datetime.now():%Y-%m-%d_%H-%M-%S}_{secrets.token_hex(3)}"
 
 
 def project_root(*, _root_: DictConfig) -> str:
-    """``${project_root:}``: the directory holding the entry point's ``conf/`` (the repository), so that outputs and
-    the cache land there whichever directory a command starts from (the lightning-hydra-template anchors them to its
-    project root the same way). Hydra records that directory as its ``main`` config source; the current directory
-    is the fallback for a config composed without Hydra's runtime information."""
+    """``${project_root:}``: the repository that holds the entry point's config directory (``conf/``, or the table
+    engine's ``experiments/conf/``): its nearest ancestor with a ``pyproject.toml``, else its parent. Outputs and the
+    cache land there whichever directory a command starts from (the lightning-hydra-template anchors them to its
+    project root the same way). Hydra records the config directory as its ``main`` config source; the current
+    directory is the fallback for a config composed without Hydra's runtime information."""
     sources = OmegaConf.select(_root_, "hydra.runtime.config_sources", default=None)
     if sources is None and HydraConfig.initialized():  # inside the job: the task's config has no hydra node
         sources = HydraConfig.get().runtime.config_sources
     for source in sources or []:
         if source.provider == "main" and source.schema == "file":
-            return str(Path(source.path).resolve().parent)
+            config_dir = Path(source.path).resolve()
+            repository = next((d for d in config_dir.parents if (d / "pyproject.toml").is_file()), config_dir.parent)
+            return str(repository)
     return os.getcwd()
 
 

@@ -1,4 +1,5 @@
-"""Paper tables as data (``conf/table/``), run by one engine: grid -> training multiruns -> evaluation -> table."""
+"""Paper tables as data (``experiments/conf/table/``), run by one engine: grid -> training multiruns -> evaluation ->
+table."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from typing import Any
 
 
 def load_table(name: str, root: Path) -> dict[str, Any]:
-    """``conf/table/<name>.yaml`` as the engine gets it: composed by Hydra (its ``/table_protocol`` defaults merged)."""
+    """``experiments/conf/table/<name>.yaml`` as the engine gets it: composed by Hydra (its ``/table_protocol``
+    defaults merged)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
@@ -16,7 +18,7 @@ def load_table(name: str, root: Path) -> dict[str, Any]:
     import attnlab.resolvers  # noqa: F401  (the config's ${project_root:})
 
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(root / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(root / "experiments" / "conf"), version_base="1.3"):
         cfg = compose(config_name="reproduce_table", overrides=[f"table={name}"])
     return OmegaConf.to_container(cfg.table, resolve=True)
 

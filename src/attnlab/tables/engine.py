@@ -1,4 +1,5 @@
-"""The table engine: a table config (``conf/table/*.yaml``) -> training multiruns -> evaluations -> the table.
+"""The table engine: a table config (``experiments/conf/table/*.yaml``) -> training multiruns -> evaluations -> the
+table.
 
 Each grid cell is a ``train.py`` run in ``<runs_dir>/<cell name>`` (``attnlab.tables.cells``). A stage's pending
 cells go to ``train.py -m`` as Hydra multiruns, so any Hydra launcher (``hydra/launcher=submitit_slurm``,
