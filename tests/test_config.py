@@ -64,7 +64,7 @@ def test_wandb_logger_is_offline_without_key(make_config, monkeypatch) -> None:
     monkeypatch.setenv("WANDB_MODE", "disabled")
     assert wandb_mode() == "disabled"
     cfg = make_config(["logger=wandb", "attention=vanilla", "experiment_name=abl"])
-    assert cfg.logger.wandb.group == "abl"
+    assert cfg.logger.wandb.experiment == "abl"  # a single run's group (tests/test_tables_wandb.py: a sweep's)
     assert "vanilla" in OmegaConf.to_container(cfg.logger.wandb, resolve=True)["tags"]
 
 

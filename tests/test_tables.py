@@ -1,7 +1,7 @@
 """The table engine end to end at smoke scale (real multiruns, evaluation, collector, W&B offline), and its pieces.
 
 One smoke reproduction (table3's smoke scale: 4 cells of a few steps, logged to W&B offline) is shared by the
-engine tests; the W&B runs are read back from their ``.wandb`` files with wandb's own protobuf records.
+engine tests; the W&B runs are read back from their ``.wandb`` files (tests/wandb_offline.py).
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import json
 import math
 import os
 import signal
-import struct
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from attnlab.errors import ConfigError
 from attnlab.tables import reproduce
 from attnlab.tables.collect import INCONCLUSIVE, OPPOSITE, REPRODUCES, paired_interval, verdict
 from attnlab.tables.engine import Engine
+from tests.wandb_offline import wandb_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,39 +33,6 @@ def load_table(name: str) -> dict:
 
 def smoke_table() -> dict:
     return load_table("table3")
-
-
-def wandb_runs(directory: Path) -> list[dict]:
-    """The offline W&B runs directly under ``directory/wandb``: group, job type, name, tags and summary, read from
-    each run's ``.wandb`` file (LevelDB-style log blocks of wandb's protobuf ``Record``s)."""
-    from wandb.proto import wandb_internal_pb2
-
-    block, header = 32768, 7
-    runs = []
-    for path in sorted(directory.glob("wandb/offline-run-*/run-*.wandb")):
-        data, pos, buffer = path.read_bytes(), 7, b""  # after the file header (":W&B", magic, version)
-        run: dict = {"summary": {}}
-        while pos + header <= len(data):
-            if block - pos % block < header:  # a block's tail too short for a header is padding
-                pos += block - pos % block
-                continue
-            _, length, kind = struct.unpack("<IHB", data[pos : pos + header])
-            chunk, pos = data[pos + header : pos + header + length], pos + header + length
-            buffer = chunk if kind in (1, 2) else buffer + chunk  # full / first; middle and last append
-            if kind not in (1, 4):
-                continue
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(buffer)
-            if record.WhichOneof("record_type") == "run":
-                found = record.run
-                run |= {"group": found.run_group, "job_type": found.job_type, "name": found.display_name}
-                run["tags"] = set(found.tags)
-            elif record.WhichOneof("record_type") == "summary":
-                run["summary"] |= {
-                    i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.summary.update
-                }
-        runs.append(run)
-    return runs
 
 
 @pytest.fixture(scope="module")
@@ -108,10 +75,11 @@ def test_smoke_sweep_logs_one_wandb_run_per_job(smoke_run: dict) -> None:
         (train,) = wandb_runs(cell.directory)
         assert train["group"] == "table3-smoke" and train["job_type"] == cell.stage
         assert train["name"] == f"{cell.model}-{cell.attention}-s{cell.seed}"
-        assert {cell.model, cell.attention, "seed-1", "scale-smoke", "table3"} <= train["tags"]
+        assert {cell.model, cell.attention, "seed-1", "scale-smoke", "table3", "swept:attention"} <= train["tags"]
         results = json.loads((cell.directory / "results.json").read_text())
-        for key in ("unigram_ppl", "parameters", "tokens_per_second", "val_ppl"):
+        for key in ("unigram_ppl", "parameters", "tokens_per_second"):
             assert train["summary"][key] == pytest.approx(results[key])
+        assert train["summary"]["val/ppl"] == pytest.approx(results["val_ppl"]) and "val_ppl" not in train["summary"]
         (evaluation,) = wandb_runs(cell.directory / "eval" / "table3_cpu")
         assert evaluation["group"] == "table3-smoke" and evaluation["job_type"] == "eval"
         assert {cell.stage, "seed-1", "scale-smoke"} <= evaluation["tags"]

@@ -5,6 +5,7 @@ callback records every job's outcome in ``<sweep dir>/jobs.jsonl`` (one JSON lin
 a line is written so parallel launchers can share it), marks the failure handled so the sweep goes on, and at the
 end prints which jobs failed and why and exits non-zero if any did. Several sweeps may share one directory (the
 table engine's ``outputs/runs``), so each record carries its sweep's id and a summary counts that sweep's jobs only.
+It also tells the jobs which keys their sweep varies (``current_job``), so their W&B runs are named by those.
 """
 
 from __future__ import annotations
@@ -15,10 +16,13 @@ import os
 import sys
 import traceback
 import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
@@ -31,6 +35,7 @@ log = logging.getLogger(__name__)
 
 JOBS_FILE = "jobs.jsonl"
 SWEEP_ID = "ATTNLAB_SWEEP_ID"  # set when a multirun starts; its jobs inherit it (same process, joblib, SLURM env)
+SWEPT_KEYS = "ATTNLAB_SWEPT_KEYS"  # the keys the multirun varies (a JSON list), passed to its jobs the same way
 EXPECTED_ERRORS = (ConfigError,)  # reported in one line; anything else gets its traceback in the job's record
 
 
@@ -63,13 +68,45 @@ def record_job(sweep_dir: Path, record: dict[str, Any]) -> None:
         fh.write(json.dumps(record) + "\n")
 
 
-def job_sweep_dir(config: DictConfig, output_dir: str) -> Path:
+def job_sweep_dir(subdir: str | None, output_dir: str) -> Path:
     """The sweep directory a job's ``output_dir`` lies in: ``output_dir`` less its resolved ``hydra.sweep.subdir``.
     Read from the job's own directory, not by resolving ``hydra.sweep.dir`` again: that interpolates keys of the task
     config (``paths.log_dir``) and a per-process run id, which a worker process would resolve differently."""
-    subdir = Path(str(OmegaConf.select(config, "hydra.sweep.subdir", default="") or ""))
+    parts = Path(subdir or "").parts
     output = Path(output_dir)
-    return output.parents[len(subdir.parts) - 1] if subdir.parts else output
+    return output.parents[len(parts) - 1] if parts else output
+
+
+def swept_keys(overrides: Sequence[str]) -> list[str]:
+    """The keys that ``overrides`` (a multirun's ``hydra.sweeper.params``, then its command line) sweep: those whose
+    last value is several (``a=1,2``, ``range(...)``, ``glob(...)``, ``choice(...)``). Only the multirun itself can
+    tell: each job's overrides carry one value per key, so a swept key looks no different there from a fixed one."""
+    sweeps = {o.key_or_group: o.is_sweep_override() for o in OverridesParser.create().parse_overrides(list(overrides))}
+    return [key for key, swept in sweeps.items() if swept]
+
+
+@dataclass(frozen=True)
+class SweepJob:
+    """A ``-m`` job as its W&B run shows it: its sweep's directory, the keys the sweep varies and this job's values
+    for them (``{"optim.lr": "optim.lr=0.001"}``, as in the job's own overrides)."""
+
+    directory: Path
+    keys: tuple[str, ...]
+    overrides: dict[str, str]
+
+
+def current_job() -> SweepJob | None:
+    """This process's ``-m`` job, None outside a multirun. Its swept keys are the ones ``SweepReport`` found on the
+    multirun's command line (none when a multirun runs without that callback)."""
+    if not in_multirun():
+        return None
+    hydra_cfg = HydraConfig.get()
+    keys = tuple(json.loads(os.environ.get(SWEPT_KEYS) or "[]"))
+    overrides = {
+        o.key_or_group: o.input_line for o in OverridesParser.create().parse_overrides(list(hydra_cfg.overrides.task))
+    }
+    mine = {key: overrides[key] for key in keys if key in overrides}
+    return SweepJob(job_sweep_dir(hydra_cfg.sweep.subdir, hydra_cfg.runtime.output_dir), keys, mine)
 
 
 class SweepReport(Callback):
@@ -81,6 +118,9 @@ class SweepReport(Callback):
         except ConfigError as exc:
             raise SystemExit(f"error: {exc}") from None
         os.environ[SWEEP_ID] = uuid.uuid4().hex[:12]
+        params = OmegaConf.select(config, "hydra.sweeper.params", default=None) or {}  # a sweep set in a config file
+        sweep = [*(f"{key}={value}" for key, value in params.items()), *config.hydra.overrides.task]
+        os.environ[SWEPT_KEYS] = json.dumps(swept_keys(sweep))  # the command line wins, as in Hydra's basic sweeper
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         hydra_cfg = job_return.hydra_cfg.hydra if job_return.hydra_cfg is not None else None
@@ -101,7 +141,7 @@ class SweepReport(Callback):
             log.error("Job %d (%s) failed: %s", record["num"], " ".join(record["overrides"]), record["error"])
             if not getattr(error, "interrupted", False):  # a signal stops the whole sweep (below), not one job
                 job_return.status, job_return.return_value = JobStatus.COMPLETED, None  # handled: the sweep goes on
-        sweep_dir = job_sweep_dir(config, hydra_cfg.runtime.output_dir)
+        sweep_dir = job_sweep_dir(OmegaConf.select(config, "hydra.sweep.subdir"), hydra_cfg.runtime.output_dir)
         record_job(sweep_dir, record)
         if job_return.status == JobStatus.FAILED:
             print(f"{record['error']}; the sweep stops here (finished jobs: {sweep_dir / JOBS_FILE})", file=sys.stderr)
