@@ -149,3 +149,23 @@ def test_text_heatmap_has_a_colour_bar_naming_the_value(tmp_path: Path) -> None:
     assert "darker = lower" in bar.get_xlabel() and fig.get_suptitle() == "tau per token"
     colours, low, high = plots.value_colours([1.0, 2.0, 3.0])
     assert (low, high) == (1.0, 3.0) and plots.text_colour(colours[0]) == "white"
+
+
+def test_a_tables_figures_name_the_table_scale_and_our_model_per_row(tmp_path: Path) -> None:
+    """attnlab.tables.figures: a results directory's tidy CSV and curves.csv, drawn with our model's size per row."""
+    from attnlab.tables.figures import TableResults
+
+    tidy().to_csv(tmp_path / "t.csv", index=False)
+    logged = curves(3).rename(columns={"series": "attention", "panel": "metric"})
+    logged = logged.assign(stage="pretrain", row="OPT-125m")
+    logged.assign(step=logged["step"] - 1).to_csv(tmp_path / "curves.csv", index=False)
+    table = {"name": "t", "title": "Quantizable Transformers", "paper_variant_names": {"gated": "Gated attention"}}
+    results = TableResults(table, "cpu", tmp_path, {("pretrain", "OPT-125m"): ("tiny", 953_856)})
+    (stage, figure), *_ = results.stage_figures().items()
+    shown = texts(figure)
+    assert stage == "pretrain" and "table t, cpu scale" in shown and "OPT-125m row: our tiny, 0.95M params" in shown
+    assert "stand-ins" in shown
+    assert [t.get_text() for t in figure.axes[0].get_yticklabels()] == ["vanilla", "gated (Gated attention)"]
+    training = results.training_figure()
+    assert training is not None and "OPT-125m row: our tiny, 0.95M params" in texts(training)
+    assert [t.get_text() for t in training.axes[0].get_xticklabels()] == ["10", "20", "30"]  # steps done, not 0-based
