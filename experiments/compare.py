@@ -5,8 +5,9 @@
 Reads each run's ``results.json`` (written by train.py) and its ``.hydra/overrides.yaml``; rows are the distinct
 settings (attention, model, the swept overrides other than the seed), with the mean and spread over seeds.
 Jobs that failed or left no ``results.json`` are listed under the table (and on stderr), never silently dropped.
-With ``--out``, ``curves.png`` beside the table draws each setting's training and validation loss against the step
-(mean over seeds, band: ± one standard deviation) from the runs' ``csv/metrics.csv``.
+With ``--out``, ``curves.png`` beside the table draws each setting's training and validation loss against the number
+of optimizer steps done (mean over seeds, band: ± one standard deviation where a setting has several seeds) from the
+runs' ``csv/metrics.csv``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import yaml
 from attnlab.training.sweeps import read_jobs
 
 METRICS = ("val_loss", "val_ppl", "unigram_ppl", "tokens_per_second", "parameters")
-CURVES = ("train/loss", "val/loss")  # columns of each run's csv/metrics.csv (Lightning's CSV logger)
+# columns of each run's csv/metrics.csv (Lightning's CSV logger) and what they are
+CURVES = {"train/loss": "training batches", "val/loss": "validation"}
 OUTPUTS = ("table.md", "table.csv", "curves.png")
 
 
@@ -108,8 +110,10 @@ def label(row: Any, models: int) -> str:
 
 
 def loss_curves(runs: pd.DataFrame) -> pd.DataFrame:
-    """Every run's logged losses (long format: setting, seed, metric, step, loss); a resumed run's repeated step
-    counts once, as its later row. Runs without ``csv/metrics.csv`` (``logger=none``, ``debug=fdr``) are skipped."""
+    """Every run's logged losses (long format: setting, seed, metric, step, loss); ``step`` counts the optimizer
+    steps done (metrics.csv logs the 0-based step, so a validation after 10 steps is its step 9). A resumed run's
+    repeated step counts once, as its later row. Runs without ``csv/metrics.csv`` (``logger=none``, ``debug=fdr``)
+    are skipped."""
     models = runs["model"].nunique()
     frames = []
     for run in runs.itertuples():
@@ -122,40 +126,35 @@ def loss_curves(runs: pd.DataFrame) -> pd.DataFrame:
                 continue
             curve = metrics.dropna(subset=[metric]).groupby("step")[metric].last()
             frames.append(
-                pd.DataFrame({"step": curve.index, "loss": curve.to_numpy()}).assign(
+                pd.DataFrame({"step": curve.index + 1, "loss": curve.to_numpy()}).assign(
                     setting=label(run, models), seed=run.seed, metric=metric
                 )
             )
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+def title_of(runs: pd.DataFrame, sweep_dir: Path) -> str:
+    """What the figure compares: the swept keys and the model with its real size (the sweep's directory, whose name
+    is an opaque id, only as provenance)."""
+    from attnlab.plots import parameters_label
+
+    keys = [key for key in ("attention", "model", "seed") if runs[key].nunique() > 1]
+    keys += list(dict.fromkeys(o.split("=", 1)[0] for s in runs["setting"] for o in s.split()))
+    models = ", ".join(
+        f"{model} ({parameters_label(group['parameters'].iloc[0])})" for model, group in runs.groupby("model")
+    )
+    what = f"sweep over {', '.join(keys)}" if keys else f"one run, attention={runs['attention'].iloc[0]}"
+    return f"Training and validation loss, {what}; model {models}\nruns under {sweep_dir}"
+
+
 def plot_curves(curves: pd.DataFrame, order: list[str], title: str, path: Path) -> None:
-    """One panel per loss: each setting's mean over seeds as a line, ± one standard deviation as a band."""
-    import matplotlib
+    """One panel per loss: each setting's mean over seeds as a line, ± one standard deviation as a band (only where
+    a setting has several seeds)."""
+    from attnlab.plots import Panel, curves_figure, save
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    stats = curves.groupby(["metric", "setting", "step"])["loss"].agg(["mean", "std", "count"]).reset_index()
-    fig, axes = plt.subplots(1, len(CURVES), figsize=(6 * len(CURVES), 4), squeeze=False)
-    for ax, metric in zip(axes[0], CURVES, strict=True):
-        for setting in order:
-            curve = stats[(stats["metric"] == metric) & (stats["setting"] == setting)]
-            if curve.empty:
-                continue
-            seeds = int(curve["count"].max())
-            (line,) = ax.plot(curve["step"], curve["mean"], marker="." if metric == "val/loss" else None)
-            line.set_label(f"{setting} ({seeds} seed{'s' if seeds > 1 else ''})")
-            spread = curve["std"].fillna(0.0)
-            band = (curve["mean"] - spread, curve["mean"] + spread)
-            ax.fill_between(curve["step"], *band, color=line.get_color(), alpha=0.2, lw=0)
-        ax.set(title=metric, xlabel="step", ylabel="loss (nats per token)")
-        ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8)
-    fig.suptitle(f"{title}: mean over seeds, band ± 1 std")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    panels = [Panel(metric, f"{metric} ({name})", "loss (nats per token)") for metric, name in CURVES.items()]
+    frame = curves.rename(columns={"metric": "panel", "setting": "series", "loss": "value"})
+    save(curves_figure(frame, panels, title, band="std", order=order), path)
 
 
 def main() -> None:
@@ -183,7 +182,7 @@ def main() -> None:
             print("warning: no run logged its losses (csv/metrics.csv); no curves.png", file=sys.stderr)
         else:
             order = [label(r, table["model"].nunique()) for r in table.itertuples()]  # the table's: vanilla first
-            plot_curves(curves, order, args.sweep_dir.name, args.out / "curves.png")
+            plot_curves(curves, order, title_of(runs, args.sweep_dir), args.out / "curves.png")
         print(f"written: {', '.join(str(args.out / n) for n in OUTPUTS if (args.out / n).exists())}")
 
 

@@ -2,27 +2,33 @@
 phenomenon thresholds drawn in, from the runs' ``csv/metrics.csv`` (``conf/experiment/emergence.yaml``).
 
     python experiments/emergence.py outputs/emergence/search --out experiments/results/emergence
+    python experiments/emergence.py --render --out experiments/results/emergence   # the figure again, from curves.csv
 
 Writes ``curves.csv`` (one row per run, step and metric) and ``emergence.png``; a run still training shows the
-steps it has logged.
+steps it has logged. ``--render`` draws ``emergence.png`` again from the committed ``curves.csv`` alone.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import pandas as pd
 import yaml
 
+from attnlab.plots import Panel, curves_figure, parameters_label, save
+from attnlab.tables.sizes import config_parameters
+
+ROOT = Path(__file__).resolve().parents[1]
+
 # the paper's value on the same metric, drawn on the same axis (Bondarenko et al., vanilla OPT-125m, as the spec
 # quotes it, unverified); its 1,778 kurtosis is an average over modules, not our max, so it is not drawn
-PAPER = {"outliers/max_inf_norm": (340.0, "paper: vanilla OPT-125m (340)")}
-# metric logged while training -> (panel title, y label, threshold of the table's phenomenon check or None, log y)
+PAPER = {"outliers/max_inf_norm": (340.0, "paper: vanilla OPT-125m, 125M params (340)")}
+# metric logged while training -> (panel title, y label with its unit, threshold of the table's phenomenon check or
+# None, log y)
 PANELS = {
     "outliers/kurtosis_max": ("max kurtosis over modules", "kurtosis (Gaussian: 3)", 50.0, True),
-    "outliers/max_inf_norm": ("max infinity norm over modules", "max |activation|", None, True),
+    "outliers/max_inf_norm": ("max infinity norm over modules", "max |activation| (activation units)", None, True),
     "sinks/sink_share": (
         "attention sink: first-token share",
         "share of attention (layers 2+, queries 16+)",
@@ -57,49 +63,55 @@ def collect(sweep_dir: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def model_size(sweep_dir: Path) -> str:
-    """The searched model's real size, from a run's results.json or its config (the figure names it)."""
-    for config_file in sorted(sweep_dir.glob("*/.hydra/config.yaml")):
-        model = yaml.safe_load(config_file.read_text())["model"]
-        parameters = next((json.loads(p.read_text()).get("parameters") for p in sweep_dir.glob("*/results.json")), None)
-        size = f", {parameters / 1e6:.1f}M parameters" if parameters else ""
-        return f"{model['n_layer']} layers x {model['n_embd']} wide, {model['n_head']} heads{size}"
-    return "unknown model"
+def model_size(sweep_dir: Path | None) -> str:
+    """The searched model's real size, from a run's config (or, with no sweep at hand, ``experiment=emergence``
+    composed as ``train.py`` would)."""
+    configs = sorted(sweep_dir.glob("*/.hydra/config.yaml")) if sweep_dir is not None else []
+    if configs:
+        cfg = yaml.safe_load(configs[0].read_text())
+    else:
+        from hydra import compose, initialize_config_dir
+        from omegaconf import OmegaConf
+
+        import attnlab.resolvers  # noqa: F401  (the attention presets and model defaults train.yaml composes)
+
+        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+            cfg = OmegaConf.to_container(compose(config_name="train", overrides=["experiment=emergence"]))
+    model = cfg["model"]
+    parameters = config_parameters(model, cfg["attention"], cfg["data"].get("tokenizer_vocab_size"))
+    return (
+        f"our {model['name']}: {model['n_layer']} layers x {model['n_embd']} wide, {model['n_head']} heads, "
+        f"{parameters_label(parameters)}"
+    )
 
 
 def plot(curves: pd.DataFrame, title: str, path: Path) -> None:
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(11, 7.5), layout="constrained")
-    axes = fig.subplots(2, 2).flatten()
-    for ax, (metric, (panel, ylabel, threshold, log)) in zip(axes, PANELS.items(), strict=True):
-        for label, group in curves[curves["metric"] == metric].groupby("setting", sort=True):
-            ax.plot(group["step"] / 1000, group["value"], marker="o", markersize=3, label=label)
-        if threshold is not None:
-            ax.axhline(
-                threshold, color="grey", linestyle="--", linewidth=1, label=f"phenomenon threshold ({threshold:g})"
-            )
-        if metric in PAPER:
-            value, paper_label = PAPER[metric]
-            ax.axhline(value, color="black", linestyle=":", linewidth=1, label=paper_label)
-        ax.set_yscale("log" if log else "linear")
-        ax.set_title(panel)
-        ax.set_xlabel("optimizer step (thousands; 2,048 tokens a step)")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(title)
-    fig.savefig(path, dpi=110)
+    """One panel per metric, each setting a line (one seed each), the checks' thresholds and the paper's value as
+    reference lines on the same axis."""
+    panels = []
+    for metric, (panel, ylabel, threshold, log) in PANELS.items():
+        thresholds = ((threshold, f"phenomenon check's threshold ({threshold:g})"),) if threshold is not None else ()
+        paper = (PAPER[metric],) if metric in PAPER else ()
+        panels.append(Panel(metric, panel, ylabel, log=log, thresholds=thresholds, paper=paper))
+    frame = curves.rename(columns={"metric": "panel", "setting": "series", "run": "seed"})
+    xlabel = "optimizer steps done (2,048 tokens a step)"
+    save(curves_figure(frame, panels, title, xlabel=xlabel, band="min-max"), path)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("sweep_dir", type=Path)
+    parser.add_argument("sweep_dir", type=Path, nargs="?", help="the search's sweep directory (not with --render)")
     parser.add_argument("--out", type=Path, required=True, help="directory for curves.csv and emergence.png")
+    parser.add_argument("--render", action="store_true", help="draw emergence.png again from --out's curves.csv")
     args = parser.parse_args()
-    curves = collect(args.sweep_dir)
-    args.out.mkdir(parents=True, exist_ok=True)
-    curves.to_csv(args.out / "curves.csv", index=False)
+    if args.render == (args.sweep_dir is not None):
+        parser.error("give a sweep directory, or --render to draw the committed curves.csv again")
+    if args.render:
+        curves = pd.read_csv(args.out / "curves.csv")
+    else:
+        curves = collect(args.sweep_dir)
+        args.out.mkdir(parents=True, exist_ok=True)
+        curves.to_csv(args.out / "curves.csv", index=False)
     title = (
         "Where the papers' phenomena emerge: vanilla trained from scratch on the embedded corpus\n"
         f"{model_size(args.sweep_dir)}; one seed per setting; metrics on held-out text at each validation"

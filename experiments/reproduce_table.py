@@ -23,7 +23,8 @@ def main(cfg: DictConfig) -> None:
     signal.signal(signal.SIGTERM, stop_on_sigterm)  # between sweeps (evaluating, writing) as during one: one line
     try:
         if cfg.render_only:
-            render(OmegaConf.to_container(cfg.table, resolve=True), cfg.scale, results_dir=Path(cfg.results_dir))
+            table = OmegaConf.to_container(cfg.table, resolve=True)
+            render(table, cfg.scale, results_dir=Path(cfg.results_dir), root=ROOT)
             return
         reproduce(
             OmegaConf.to_container(cfg.table, resolve=True),

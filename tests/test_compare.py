@@ -36,7 +36,7 @@ def test_loss_curves_read_each_runs_metrics_with_the_later_row_of_a_repeated_ste
     fake_sweep(tmp_path)
     curves = compare.loss_curves(compare.collect(tmp_path))
     assert set(curves["setting"]) == {"ssa", "vanilla"} and set(curves["metric"]) == {"train/loss", "val/loss"}
-    final = curves[(curves["metric"] == "val/loss") & (curves["step"] == 19)]
+    final = curves[(curves["metric"] == "val/loss") & (curves["step"] == 20)]  # logged at 0-based step 19
     assert len(final) == 4 and sorted(final["loss"].round(3)) == [3.1, 3.2, 3.6, 3.7]
 
 

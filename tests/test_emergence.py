@@ -18,7 +18,9 @@ def fake_run(sweep: Path, name: str, lr: str, kurtosis: list[float]) -> None:
     (run / ".hydra").mkdir()
     common = ["experiment=emergence", "ckpt_path=${resume_ckpt:}"]
     (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([*common, f"optim.lr={lr}"]))
-    (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"model": {"n_layer": 4, "n_embd": 256, "n_head": 4}}))
+    model = {"name": "tiny", "n_layer": 2, "n_embd": 32, "n_head": 2, "block_size": 32}
+    config = {"model": model, "attention": {"name": "vanilla"}, "data": {"tokenizer_vocab_size": 512}}
+    (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
     rows = []
     for i, k in enumerate(kurtosis):
         step = 250 * (i + 1) - 1

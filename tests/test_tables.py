@@ -171,23 +171,27 @@ def test_unknown_scale_is_one_line_error() -> None:
 
 @pytest.mark.parametrize(
     ("notebook", "printed"),
-    [("tables.ipynb", "column(s) plotted -> table3-finetune.png"), ("training_curves.ipynb", "steps to reach vanilla")],
+    [("tables.ipynb", "finetune: 4 column(s) plotted"), ("training_curves.ipynb", "steps to reach vanilla")],
 )
 def test_notebooks_execute_on_the_smoke_results(
     smoke_run: dict, notebook: str, printed: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """notebooks/tables.ipynb and training_curves.ipynb run top to bottom on the smoke reproduction's CSVs."""
+    """notebooks/tables.ipynb and training_curves.ipynb run top to bottom on the smoke reproduction's CSVs and show
+    their figures inline, writing no file beside the results."""
     import nbclient
     import nbformat
 
     path = ROOT / "notebooks" / notebook
     results = smoke_run["settings"]["results_dir"]
     monkeypatch.setenv("ATTNLAB_TABLE_RESULTS", str(results))
+    monkeypatch.setenv("ATTNLAB_TABLE_SCALE", "smoke")
+    before = sorted(results.iterdir())
     executed = nbformat.read(path, as_version=4)
     resources = {"metadata": {"path": str(path.parent)}}
     nbclient.NotebookClient(executed, timeout=300, kernel_name="python3", resources=resources).execute()
     text = "".join(o.get("text", "") for c in executed.cells if c.cell_type == "code" for o in c.outputs)
-    assert printed in text and list(results.glob("*.png"))
+    images = [o for c in executed.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})]
+    assert printed in text and images and sorted(results.iterdir()) == before
 
 
 def test_a_bad_override_stops_the_table_before_any_cell_launches(tmp_path: Path) -> None:

@@ -55,22 +55,29 @@ def reproduce(
     return markdown
 
 
-def render(table: dict[str, Any], scale: str, *, results_dir: Path) -> str:
+def render(table: dict[str, Any], scale: str, *, results_dir: Path, root: Path | None = None) -> str:
     """Write the table again from the records it committed (``runs.csv``, ``curves.csv``), without its cells: what a
-    fresh clone can do when the way a table is read changes (phenomenon checks, corrected verdicts, labels). A table
-    with ``reports`` reads its cells' own files and has to be reproduced instead."""
+    fresh clone can do when the way a table is read changes (phenomenon checks, corrected verdicts, labels). A
+    report is written again from the CSV it committed (``root``: the repository, for our models' sizes); without
+    that CSV the table has to be reproduced instead."""
     import pandas as pd
 
     from attnlab.errors import ConfigError
     from attnlab.tables.collect import write
+    from attnlab.tables.reports import RENDERS
 
     runs = results_dir / "runs.csv"
     if not runs.is_file():
         raise ConfigError("render_only", f"no records to render: {runs} is missing (run the table first)")
-    if table.get("reports"):
-        raise ConfigError("render_only", f"{table['name']} has reports computed from its cells' files: reproduce it")
+    reports = table.get("reports") or []
+    for name in reports:
+        if name not in RENDERS or root is None or not (results_dir / RENDERS[name][0]).is_file():
+            source = RENDERS[name][0] if name in RENDERS else "CSV to render it from"
+            found = f"{table['name']} has reports computed from its cells' files (no committed {source})"
+            raise ConfigError("render_only", f"{found}: reproduce it")
     records = pd.read_csv(runs).to_dict("records")
     curves = pd.read_csv(results_dir / "curves.csv") if (results_dir / "curves.csv").is_file() else None
-    markdown = write(records, table, scale, results_dir, curves=curves)
+    sections = [RENDERS[name][1](table, scale, root, results_dir) for name in reports]
+    markdown = write(records, table, scale, results_dir, curves=curves, sections=sections)
     print(markdown)
     return markdown

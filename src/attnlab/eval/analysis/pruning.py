@@ -8,7 +8,7 @@ import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -23,9 +23,6 @@ from attnlab.eval.analysis.common import (
     register_metric,
     unwrap,
 )
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 log = logging.getLogger(__name__)
 DEFAULT_FRACTIONS = tuple(i / 10 for i in range(10))  # 0, 10, ..., 90 % of the heads removed
@@ -125,39 +122,34 @@ def write_pruning_csv(curves: dict[str, Any], path: Path) -> None:
             writer.writerow([row[c] for c in columns] + [" ".join(map(str, row["heads_kept_per_layer"]))])
 
 
-def draw_pruning_orders(ax: Any, frame: pd.DataFrame, title: str = "") -> None:
-    """Perplexity against the fraction of heads removed, per order: the mean over the rows at each fraction (random
-    orders, seeds) with their min-max band where there are several; log scale once the values span 10x."""
-    for order in ORDERS:
-        by_fraction = frame[frame["order"] == order].groupby("fraction")["perplexity"]
-        x = 100 * by_fraction.mean().index.to_numpy()
-        line = ax.plot(x, by_fraction.mean().to_numpy(), marker="o", label=order)[0]
-        if by_fraction.size().max() > 1:
-            ax.fill_between(x, by_fraction.min(), by_fraction.max(), color=line.get_color(), alpha=0.2)
-    ax.set(xlabel="heads removed (%)", ylabel="perplexity", title=title)
-    if frame["perplexity"].max() > 10 * frame["perplexity"].min():
-        ax.set_yscale("log")
-    ax.legend()
-
-
 def plot_pruning(curves: dict[str, Any], path: Path, title: str = "") -> None:
-    """One model's curves (``pruning_curves``): the importance order against the random orders' mean and band."""
+    """One model's curves (``pruning_curves``): the importance order against the random orders' mean and min-max
+    band, against the number of heads actually masked."""
     import pandas as pd
-    from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(5, 3.5), layout="constrained")
-    draw_pruning_orders(fig.add_subplot(), pd.DataFrame(curves["rows"]), title)
-    fig.savefig(path, dpi=120)
+    from attnlab.plots import pruning_figure, save
+
+    rows = pd.DataFrame(curves["rows"])
+    heads = len(curves["importance"]) * len(curves["importance"][0])
+    figure_title = f"Head pruning (Michel et al.): {title}" if title else "Head pruning (Michel et al.)"
+    save(pruning_figure({"": rows}, heads, figure_title), path)
 
 
 def _describe(section: dict[str, Any]) -> list[str]:
+    """The plot's statistics: the importance order, and the mean over the random orders, per number of heads."""
+    rows = section["rows"]
+    orders = len({r.get("repeat", 0) for r in rows if r["order"] == "random"})
+    total = sum(rows[0]["heads_kept_per_layer"]) + rows[0]["heads_pruned"]
     lines = []
     for order in ORDERS:
-        curve = [r for r in section["rows"] if r["order"] == order and r.get("repeat", 0) == 0]  # older: no repeat
-        points = ", ".join(f"{100 * r['fraction']:.0f}%: {r['perplexity']:.4g}" for r in curve)
-        lines.append(f"  pruned ({order:<10}) ppl {points}")
-    kept = [r for r in section["rows"] if r["order"] == "importance" and r["fraction"] <= 0.5 + 1e-9][-1]
-    lines.append(f"  heads kept per layer at {100 * kept['fraction']:.0f}% pruned: {kept['heads_kept_per_layer']}")
+        by_heads: dict[int, list[float]] = {}
+        for r in (r for r in rows if r["order"] == order):
+            by_heads.setdefault(r["heads_pruned"], []).append(r["perplexity"])
+        points = ", ".join(f"{masked} -> {sum(v) / len(v):.4g}" for masked, v in by_heads.items())
+        name = f"random, mean of {orders}" if order == "random" and orders > 1 else order
+        lines.append(f"  pruned ({name}) ppl by heads masked of {total}: {points}")
+    kept = [r for r in rows if r["order"] == "importance" and r["fraction"] <= 0.5 + 1e-9][-1]
+    lines.append(f"  heads kept per layer with {kept['heads_pruned']} masked: {kept['heads_kept_per_layer']}")
     return lines
 
 
@@ -187,6 +179,11 @@ def _pruning(inputs: AnalysisInputs) -> dict[str, Any]:
         random_orders=options["random_orders"],
     )
     write_pruning_csv(curves, inputs.out / "pruning.csv")
-    plot_pruning(curves, inputs.out / "pruning.png", title=str(model.attention_config.get("name")))
+    gpt = unwrap(model)
+    title = (
+        f"attention={gpt.attention_config.get('name')}, {gpt.config.n_layer} layers x {gpt.config.n_head} heads, "
+        f"{gpt.num_parameters() / 1e6:.2g}M params"
+    )
+    plot_pruning(curves, inputs.out / "pruning.png", title=title)
     inputs.files += ["pruning.csv", "pruning.png"]
     return curves

@@ -118,29 +118,16 @@ def token_temperature_spread(model: nn.Module, batches: Sequence[Tensor]) -> flo
     return torch.stack(spreads).mean().item() if spreads else None
 
 
-def _colours(values: Sequence[float]) -> tuple[list[tuple[float, ...]], float, float]:
-    """magma colours, dark for the lowest value; returns the colours and the value range."""
-    from matplotlib import colormaps
-
-    v = torch.as_tensor(values, dtype=torch.float64)
-    low, high = v.min().item(), v.max().item()
-    scaled = (v - low) / max(high - low, 1e-12)
-    cmap = colormaps["magma"]
-    return [cmap(0.05 + 0.9 * s) for s in scaled.tolist()], low, high
-
-
-def _text_colour(rgba: tuple[float, ...]) -> str:
-    return "black" if 0.299 * rgba[0] + 0.587 * rgba[1] + 0.114 * rgba[2] > 0.5 else "white"
-
-
 def temperature_html(pieces: Sequence[str], values: Sequence[float], title: str) -> str:
     """The text with each token on a background coloured by its value (darker = lower); hover shows the value."""
-    colours, low, high = _colours(values)
+    from attnlab.plots import text_colour, value_colours
+
+    colours, low, high = value_colours(values)
     spans = []
     for piece, value, rgba in zip(pieces, values, colours, strict=True):
         background = "#{:02x}{:02x}{:02x}".format(*(round(255 * c) for c in rgba[:3]))
         spans.append(
-            f'<span title="{value:.4f}" style="background:{background};color:{_text_colour(rgba)}">'
+            f'<span title="{value:.4f}" style="background:{background};color:{text_colour(rgba)}">'
             f"{html.escape(piece)}</span>"
         )
     return (
@@ -151,37 +138,13 @@ def temperature_html(pieces: Sequence[str], values: Sequence[float], title: str)
     )
 
 
-def temperature_png(pieces: Sequence[str], values: Sequence[float], path: Path, title: str, columns: int = 100) -> None:
-    """The same picture as a PNG: monospace text on a character grid, one coloured cell run per token."""
-    from matplotlib.figure import Figure
-    from matplotlib.patches import Rectangle
+def temperature_png(
+    pieces: Sequence[str], values: Sequence[float], path: Path, title: str, value_label: str = "tau", columns: int = 100
+) -> None:
+    """The same picture as a PNG (``attnlab.plots.text_heatmap_figure``), with a colour bar naming the value."""
+    from attnlab.plots import save, text_heatmap_figure
 
-    colours, low, high = _colours(values)
-    cells = []  # (column, row, text, colour) per run of a token's characters on one line
-    col = row = 0
-    for piece, rgba in zip(pieces, colours, strict=True):
-        for k, line in enumerate(piece.replace("\t", " ").split("\n")):
-            if k:
-                col, row = 0, row + 1
-            if col + len(line) > columns and col:
-                col, row = 0, row + 1
-            if line:
-                cells.append((col, row, line, rgba))
-                col += len(line)
-    rows = row + 1
-    fontsize = 10.0
-    char_in, line_in = 0.6 * fontsize / 72, 1.5 * fontsize / 72  # DejaVu Sans Mono advance ~0.6 em
-    width, height = columns * char_in + 0.4, rows * line_in + 0.7  # inches, with margins 0.2 and 0.5 for the title
-    fig = Figure(figsize=(width, height))
-    ax = fig.add_axes((0.2 / width, 0.2 / height, 1 - 0.4 / width, 1 - 0.7 / height))
-    ax.set_xlim(0, columns)
-    ax.set_ylim(rows, 0)
-    ax.axis("off")
-    for col, row, line, rgba in cells:
-        ax.add_patch(Rectangle((col, row), len(line), 1, facecolor=rgba, edgecolor="none"))
-        ax.text(col, row + 0.5, line, family="monospace", fontsize=fontsize, va="center", color=_text_colour(rgba))
-    fig.suptitle(f"{title} (darker = lower; {low:.3f} .. {high:.3f})", fontsize=fontsize)
-    fig.savefig(path, dpi=100)
+    save(text_heatmap_figure(pieces, values, title, value_label, columns), path)
 
 
 @register_metric(
@@ -221,7 +184,8 @@ def _temperatures(inputs: AnalysisInputs) -> dict[str, Any] | None:
     title = f"tau_{component} per token, mean over heads and layers ({model.attention_config.get('name')})"
     (inputs.out / "temperatures.html").write_text(temperature_html(pieces, per_token, title), encoding="utf-8")
     n = inputs.options["png_tokens"]
-    temperature_png(pieces[:n], per_token[:n], inputs.out / "temperatures.png", title)
+    label = f"tau_{component} (larger = sharper softmax)"
+    temperature_png(pieces[:n], per_token[:n], inputs.out / "temperatures.png", f"{title}, first {n} tokens", label)
     inputs.files += ["temperatures.html", "temperatures.png"]
     return {
         "component": component,
