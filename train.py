@@ -15,8 +15,6 @@ def main(cfg: DictConfig) -> float | None:
     """Returns the validation loss, which Hydra sweepers can optimise; ``eval.after_train`` evaluates the run.
 
     Training and evaluation are imported here, after Hydra's config checks, so a bad value fails in a second."""
-    from functools import partial
-
     from attnlab.console import log_once, no_logging_tracebacks, print_config
     from attnlab.training.run import main as run_training
 
@@ -26,9 +24,9 @@ def main(cfg: DictConfig) -> float | None:
         print_config(cfg)
     evaluate = None
     if OmegaConf.select(cfg, "eval.after_train"):  # lm-eval is imported only by runs that evaluate
-        from attnlab.eval.harness import evaluate_after_training
+        from attnlab.eval.harness import AfterTraining
 
-        evaluate = partial(evaluate_after_training, cfg)
+        evaluate = AfterTraining(cfg)
     return run_training(cfg, evaluate).get("val_loss")
 
 

@@ -9,7 +9,6 @@ import json
 import shutil
 import subprocess
 import sys
-from functools import partial
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ from attnlab.attention import available_attention
 from attnlab.attention.base import resolve_options
 from attnlab.data.tokenizer import train_bpe_tokenizer
 from attnlab.errors import ConfigError
-from attnlab.eval.harness import evaluate_after_training
+from attnlab.eval.harness import AfterTraining
 from attnlab.eval.lm import AttnlabLM
 from attnlab.models import ModelConfig
 from attnlab.runs import RECORD_KEY, load_checkpoint
@@ -52,7 +51,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory, data_cache: Path) -> tuple
         *PASSKEY,
     ]
     cfg = compose_config(overrides, out, data_cache)
-    results = run(cfg, partial(evaluate_after_training, cfg))
+    results = run(cfg, AfterTraining(cfg))
     return out, results
 
 
@@ -234,3 +233,15 @@ def test_a_window_past_learned_positions_is_refused(trained: tuple[Path, dict]) 
             AttnlabLM(checkpoint=str(out / "checkpoints" / "last.ckpt"), max_length=longer)
     else:
         assert AttnlabLM(checkpoint=str(out / "checkpoints" / "last.ckpt"), max_length=longer).max_length == longer
+
+
+def test_an_after_train_suite_the_model_cannot_run_stops_before_training(tmp_path: Path, data_cache: Path) -> None:
+    """``eval=quick eval.after_train=true`` on a 64-token model: the passkey lengths (128+) once failed only after the
+    whole run had trained; now before the first step, naming the key."""
+    overrides = ["logger=csv", "trainer=cpu", "callbacks.progress_bar.refresh_rate=0", *MICRO_MODEL, *MICRO_DATA]
+    overrides += ["eval=quick", "eval.after_train=true", "trainer.max_steps=3"]
+    cfg = compose_config(overrides, tmp_path / "run", data_cache)
+    with pytest.raises(ConfigError) as err:
+        run(cfg, AfterTraining(cfg))
+    assert err.value.key == "eval.passkey.context_lengths" and "64-token window" in str(err.value)
+    assert not (tmp_path / "run" / "checkpoints").exists()

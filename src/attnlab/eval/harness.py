@@ -308,22 +308,36 @@ def run_analysis_suite(lm: AttnlabLM, out_dir: Path, cfg: dict[str, Any]) -> dic
     return run_analysis(lm.model, lm.tokenizer, out_dir, cfg)
 
 
-def evaluate_after_training(cfg: Any, checkpoint: str) -> dict[str, Any]:
-    """train.py's ``eval.after_train``: the run's checkpoint on ``cfg.eval``, written under ``<run>/eval``."""
-    import torch
+class AfterTraining:
+    """train.py's ``eval.after_train``: ``check`` before training that the suite fits the model (a passkey length
+    past its window once failed only after the whole run had trained); called with the run's best (else last)
+    checkpoint, it evaluates it on ``cfg.eval`` under ``<run>/eval``."""
 
-    from attnlab.resolvers import RUN_ID
+    def __init__(self, cfg: Any) -> None:
+        self.cfg = cfg
 
-    suite = OmegaConf.to_container(cfg.eval, resolve=True)
-    lm = AttnlabLM(checkpoint=checkpoint, device="cuda" if torch.cuda.is_available() else "cpu")
-    record = evaluate_suite(
-        lm,
-        suite,
-        output_dir(cfg) / "eval",
-        limit=suite.get("limit"),
-        seed=cfg.seed,
-        cache_dir=cfg.paths.cache_dir,
-        results_csv=Path(cfg.paths.log_dir) / "eval" / "results.csv",
-        run_id=RUN_ID,
-    )
-    return record["summary"]
+    def check(self, window: int) -> None:
+        suite = OmegaConf.to_container(self.cfg.eval, resolve=True)
+        if PASSKEY_TASK in suite.get("tasks", []):
+            requested = (suite.get("passkey") or {}).get("context_lengths")
+            fitting_lengths(requested, window, "eval.passkey.context_lengths")
+
+    def __call__(self, checkpoint: str) -> dict[str, Any]:
+        import torch
+
+        from attnlab.resolvers import RUN_ID
+
+        cfg = self.cfg
+        suite = OmegaConf.to_container(cfg.eval, resolve=True)
+        lm = AttnlabLM(checkpoint=checkpoint, device="cuda" if torch.cuda.is_available() else "cpu")
+        record = evaluate_suite(
+            lm,
+            suite,
+            output_dir(cfg) / "eval",
+            limit=suite.get("limit"),
+            seed=cfg.seed,
+            cache_dir=cfg.paths.cache_dir,
+            results_csv=Path(cfg.paths.log_dir) / "eval" / "results.csv",
+            run_id=RUN_ID,
+        )
+        return record["summary"]

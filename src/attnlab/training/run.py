@@ -6,10 +6,9 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import lightning as L
 import torch
@@ -82,7 +81,15 @@ def batches_per_step(cfg: DictConfig, world_size: int) -> int:
     return tokens // per_batch
 
 
-def run(cfg: DictConfig, evaluate: Callable[[str], dict[str, Any]] | None = None) -> dict[str, Any]:
+class Evaluation(Protocol):
+    """What ``eval.after_train`` gives training (train.py builds it; training never imports evaluation)."""
+
+    def check(self, window: int) -> None: ...  # the suite fits a model of this window: before any training
+
+    def __call__(self, checkpoint: str) -> dict[str, Any]: ...  # evaluate the finished run's checkpoint
+
+
+def run(cfg: DictConfig, evaluate: Evaluation | None = None) -> dict[str, Any]:
     """Train one model; returns (and writes to ``results.json``) the final metrics.
 
     ``evaluate``: called with the best (else last) checkpoint when training ends; its summary joins the results.
@@ -112,6 +119,8 @@ def run(cfg: DictConfig, evaluate: Callable[[str], dict[str, Any]] | None = None
     else:
         model_cfg, pretrained = dict(request), None
         ModelConfig.from_dict(model_cfg)  # validate early, before any data work
+    if evaluate is not None:
+        evaluate.check(model_cfg["block_size"])
     datamodule = build_datamodule(cfg, model_cfg)
     datamodule.prepare_data()
     tokenizer = datamodule.tokenizer
@@ -264,7 +273,7 @@ def summary(results: dict[str, Any]) -> str:
     )
 
 
-def main(cfg: DictConfig, evaluate: Callable[[str], dict[str, Any]] | None = None) -> dict[str, Any]:
+def main(cfg: DictConfig, evaluate: Evaluation | None = None) -> dict[str, Any]:
     """Hydra task: a bad config prints one line naming the key and exits non-zero, leaving no run directory
     behind; W&B is closed after every run."""
     try:
