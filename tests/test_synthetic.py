@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from experiments import paper_numbers
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from omegaconf import open_dict
+from omegaconf import OmegaConf, open_dict
 
 import attnlab.resolvers  # noqa: F401
 from attnlab.attention import AttentionContext, AttentionShape, CausalSelfAttention
@@ -592,7 +592,27 @@ def test_converged_configs_and_stopping() -> None:
     for name, lr in (("table1/converged", 1e-4), ("table1/converged_lr1e-3", 1e-3)):
         cfg = compose_synthetic(name, Path("unused"))
         assert cfg.optim.lr == lr and isinstance(stopping(cfg.optim), Convergence), name
-    assert stopping(compose_synthetic("table1/default", Path("unused")).optim) == 20000
+    default = compose_synthetic("table1/default", Path("unused"))
+    assert stopping(default.optim) == 20000 and default.optim.record_every == 2000
+    assert (default.model.embedding, default.model.readout, default.models.ssa.scaling) == (
+        "unit_norm",
+        "head",
+        "multiply",
+    )
+    assert compose_synthetic("table2/default", Path("unused")).task.positions == "last"
+    for name in ("table1/converged", "table1/converged_lr1e-3"):  # pinned: the committed 400k-step runs' protocol
+        cfg = compose_synthetic(name, Path("unused"))
+        assert (cfg.model.embedding, cfg.models.ssa.scaling) == ("learned", "divide"), name
+    options = {
+        "scaling_divide": ("models.ssa.scaling", "divide"),
+        "embedding_one_hot": ("model.embedding", "one_hot"),
+        "readout_attention": ("model.readout", "attention"),
+        "embedding_learned": ("model.embedding", "learned"),
+    }
+    for name, (key, value) in options.items():
+        cfg = compose_synthetic(f"table1/options/{name}", Path("unused"))
+        assert OmegaConf.select(cfg, key) == value, name
+    assert compose_synthetic("table2/options/positions_all", Path("unused")).task.positions == "all"
     cfg = compose_synthetic("table2/quick", Path("unused"))
     with open_dict(cfg):
         cfg.optim.until = "forever"
@@ -635,3 +655,7 @@ def test_table1_until_converged_reports_the_cap_and_the_trajectory(tmp_path: Pat
     assert checkpoint_path(cfg, "ssa").name in saved  # the cap and the fixed-step budget do not name the run
     cfg.optim.lr = 1e-3
     assert checkpoint_path(cfg, "ssa").name not in saved  # another setting, another run
+    cfg.optim.lr, cfg.models.ssa.scaling = 1e-4, "multiply"
+    assert checkpoint_path(cfg, "ssa").name not in saved and checkpoint_path(cfg, "vanilla").name in saved
+    cfg.model.embedding = "unit_norm"
+    assert checkpoint_path(cfg, "vanilla").name not in saved
