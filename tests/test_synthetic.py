@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from experiments import paper_numbers
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from omegaconf import open_dict
+from omegaconf import OmegaConf, open_dict
 
 import attnlab.resolvers  # noqa: F401
 from attnlab.attention import AttentionContext, AttentionShape, CausalSelfAttention
@@ -31,13 +31,32 @@ from attnlab.synthetic.data import (
     transition_matrix,
 )
 from attnlab.synthetic.model import SyntheticAttentionModel
-from attnlab.synthetic.runs import Convergence, evaluate_graph, graph_values, train_seeds
-from attnlab.synthetic.tables import checkpoint_path, paired_effects, paper_ordering, run, stopping
+from attnlab.synthetic.runs import (
+    Convergence,
+    DenoisingTask,
+    baseline_mse,
+    denoising_loss,
+    evaluate_graph,
+    graph_values,
+    sigma_for_bayes,
+    small_noise_ratio,
+    train_seeds,
+)
+from attnlab.synthetic.tables import (
+    checkpoint_path,
+    kl_ratio,
+    paired_effects,
+    paper_ordering,
+    run,
+    sparser_with_lower_temperature,
+    stopping,
+)
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 EDGES = [[0, 1], [0, 2], [0, 3], [1, 4], [2, 5], [3, 6]]
 GROUPS = [3, 2, 2, 2, 1, 1, 1, 0]
-LOOKUP = {"name": "temp_lookup", "num_groups": 4, "token_groups": GROUPS}
+LOOKUP = {"name": "temp_lookup", "num_groups": 4, "token_groups": GROUPS, "scaling": "divide"}  # pinned numbers below
+INVERSE = LOOKUP | {"scaling": "multiply"}  # Definition 1's inverse temperature: the default
 
 
 def compose_synthetic(experiment: str, output_dir: Path):
@@ -155,6 +174,32 @@ def test_temperature_lookup_formula_and_identity() -> None:
         layer({"name": "temp_lookup", "num_groups": 2, "token_groups": [0, 2]})
 
 
+def test_temperature_lookup_multiplies_by_the_inverse_temperature() -> None:
+    """Definition 1: Q = tau ⊙ X W_q; no floor and no sign constraint on tau; the reported T is 1 / tau."""
+    assert layer({"name": "temp_lookup"}).variant.options.scaling == "multiply"
+    attn = layer(INVERSE, dim=8)
+    tau = torch.tensor([[0.5, 2.0, -4.0, 0.0]])
+    with torch.no_grad():
+        attn.variant.temperature.copy_(tau)
+    ids = torch.tensor([[7, 0, 4, 1, 9]])  # groups 0, 3, 1, 2, 0
+    q, k, v = (torch.randn(1, 1, 5, 8) for _ in range(3))
+    ctx = AttentionContext(positions=torch.arange(5), token_ids=ids)
+    new_q, new_k, new_v = attn.variant.transform_qkv(torch.randn(1, 5, 8), q, k, v, ctx)
+    torch.testing.assert_close(new_q, q * torch.tensor([0.5, 0.0, 2.0, -4.0, 0.5]).view(1, 1, 5, 1))
+    assert new_k is k and new_v is v
+    torch.testing.assert_close(attn.variant.temperatures(), 1 / tau)
+    divide = layer(LOOKUP, dim=8)
+    with torch.no_grad():
+        divide.variant.temperature.copy_(torch.tensor([[0.5, 2.0, 1e-5, 4.0]]))
+    torch.testing.assert_close(divide.variant.temperatures(), torch.tensor([[0.5, 2.0, 1e-3, 4.0]]))  # the floor
+    lookup = SyntheticAttentionModel(8, INVERSE, 8, vocab_size=8, num_outputs=8)  # tau = 1 at init: vanilla
+    vanilla = SyntheticAttentionModel(8, {"name": "vanilla"}, 8, vocab_size=8, num_outputs=8)
+    vanilla.load_state_dict(lookup.state_dict(), strict=False)
+    torch.testing.assert_close(lookup(query_sequences(8)), vanilla(query_sequences(8)), atol=0, rtol=0)
+    with pytest.raises(ConfigError, match="allowed: multiply, divide"):
+        layer(LOOKUP | {"scaling": "inverse"})
+
+
 def test_temperature_lookup_is_causal() -> None:
     attn = layer(LOOKUP, dim=8)
     with torch.no_grad():
@@ -212,18 +257,163 @@ def test_attention_map_is_indexed_by_token_and_err_map_by_formula() -> None:
     assert entropy == pytest.approx((math.log(4) + 3 * math.log(3) + 3 * math.log(2)) / 8)
 
 
+def test_embedding_options() -> None:
+    """unit_norm: learned rows at unit l2 norm (section 4.1's assumption); one_hot: E = I, nothing learned; learned:
+    free rows. The same weights give other outputs once the rows' norms are not 1."""
+    tokens = query_sequences(8)
+    models = {}
+    for kind in ("learned", "unit_norm", "one_hot"):
+        torch.manual_seed(0)
+        models[kind] = SyntheticAttentionModel(8, INVERSE, 8, 8, 8, embedding=kind)
+    torch.testing.assert_close(models["unit_norm"].embed(tokens).norm(dim=-1), torch.ones(8, 8))
+    assert not torch.allclose(models["learned"].embed(tokens).norm(dim=-1), torch.ones(8, 8))
+    torch.testing.assert_close(models["learned"].embed(tokens).norm(dim=-1, keepdim=True) * models["unit_norm"].embed(
+        tokens), models["learned"].embed(tokens))  # fmt: skip
+    assert not torch.allclose(models["learned"](tokens), models["unit_norm"](tokens))
+    assert models["one_hot"].embedding is None and "embedding.weight" not in models["one_hot"].state_dict()
+    torch.testing.assert_close(models["one_hot"].embed(tokens), F.one_hot(tokens, 8).float())
+    with pytest.raises(ConfigError, match="one_hot needs dim == vocab_size"):
+        SyntheticAttentionModel(4, INVERSE, 8, 8, 8, embedding="one_hot")
+    with pytest.raises(ConfigError, match="allowed: learned, unit_norm, one_hot"):
+        SyntheticAttentionModel(8, INVERSE, 8, 8, 8, embedding="fixed")
+
+
+def test_attention_readout_predicts_with_the_attention_map() -> None:
+    """readout=attention: g(X) is the last position's map over token ids, so P^ = G and err_map = err_transition;
+    no head, and W_v / W_o do not enter. Trained under vmap, stacked seeds still equal independent runs."""
+    p = transition_matrix(8, EDGES)
+    model = SyntheticAttentionModel(8, INVERSE, 8, 8, 8, embedding="one_hot", readout="attention")
+    assert model.head is None
+    tokens = query_sequences(8)
+    mapped = torch.zeros(8, 8).scatter_(1, tokens, model.last_attention(tokens))
+    torch.testing.assert_close(model(tokens).exp(), mapped)
+    with torch.no_grad():
+        model.attn.qkv.weight[16:].normal_()
+        model.attn.proj.weight.normal_()
+    torch.testing.assert_close(model(tokens).exp(), mapped)
+    result = evaluate_graph(model, p)
+    torch.testing.assert_close(result.transition, result.attention_map)
+    assert result.err_map == pytest.approx(result.err_transition, abs=1e-5)
+    assert not model.attn.record_probabilities and model.attn.probabilities is None
+    with pytest.raises(ConfigError, match="needs token inputs"):
+        SyntheticAttentionModel(8, INVERSE, 8, readout="attention")
+
+    def train(seeds: list[int], steps: int = 5) -> list[SyntheticAttentionModel]:
+        return train_seeds(
+            lambda: SyntheticAttentionModel(8, INVERSE, 8, 8, 8, embedding="unit_norm", readout="attention"),
+            seeds,
+            steps,
+            1e-2,
+            lambda g: graph_batch(p, 16, g),
+            F.cross_entropy,
+        ).models
+
+    together, alone = train([0, 1]), train([1])
+    for name, value in together[1].state_dict().items():
+        torch.testing.assert_close(value, alone[0].state_dict()[name], atol=1e-6, rtol=0, msg=name)
+    assert evaluate_graph(train([0], 60)[0], p).kl < evaluate_graph(train([0], 0)[0], p).kl  # it learns
+
+
+def test_recording_a_fixed_step_run_does_not_change_it() -> None:
+    p = transition_matrix(8, EDGES)
+    values = lambda model: graph_values(evaluate_graph(model, p))
+
+    def train(record_every: int | None):
+        build = lambda: SyntheticAttentionModel(8, INVERSE, 8, 8, 8, embedding="unit_norm")
+        batch = lambda g: graph_batch(p, 16, g)
+        return train_seeds(build, [0, 1], 6, 1e-2, batch, F.cross_entropy, values, record_every=record_every)
+
+    recorded, plain = train(2), train(None)
+    assert plain.history is None and recorded.history.shape == (4, 2, 5) and recorded.converged is None
+    torch.testing.assert_close(recorded.history[-1], torch.stack([values(m) for m in plain.models]))
+    for a, b in zip(recorded.models, plain.models, strict=True):
+        for name, value in a.state_dict().items():
+            torch.testing.assert_close(value, b.state_dict()[name], atol=0, rtol=0, msg=name)
+    with pytest.raises(ConfigError, match=r"must divide optim\.steps=6"):
+        train(4)
+
+
+def test_kl_ratio_and_the_sparsity_reading_of_the_temperatures() -> None:
+    trajectory = pd.DataFrame(
+        {"model": ["vanilla"] * 4 + ["ssa"] * 4, "seed": [0, 1] * 4, "step": [0, 0, 10, 10] * 2,
+         "kl": [1.0, 3.0, 0.1, 0.3, 1.0, 1.0, 0.05, 0.09]}
+    )  # fmt: skip
+    ratio = kl_ratio(trajectory)
+    assert ratio.step.tolist() == [0, 10] and ratio.ratio.tolist() == pytest.approx([0.5, 0.35])
+    entropy = torch.tensor([1.4, 1.0, 1.0, 1.0, 0.7, 0.7, 0.7, 0.0])  # sparser for fewer options
+    sparse = SimpleNamespace(attention_entropy=entropy, temperatures=[0.01, 0.1, 0.5, 1.0])  # groups by option - 1
+    flat = SimpleNamespace(attention_entropy=entropy, temperatures=[2.0, 0.9, 0.5, 0.1])
+    text = sparser_with_lower_temperature([sparse, flat], GROUPS, [0, 1, 2, 3])
+    assert "per seed: +1.00, -1.00 (mean +0.00; +1 in 1 of 2 seeds)" in text
+
+
+def test_the_denoising_model_trains_on_the_normalised_risk() -> None:
+    """train_seeds calls loss(prediction, target): the loss must normalise the prediction, so it does not depend on
+    its scale, as the paper's E ||y - y_hat / ||y_hat|| ||^2 does not."""
+    y = F.one_hot(torch.tensor([0, 3]), 8).float()
+    prediction = torch.randn(2, 8)
+    assert denoising_loss(prediction, y) == normalised_mse(y, prediction)
+    torch.testing.assert_close(denoising_loss(5 * prediction, y), denoising_loss(prediction, y))
+    assert denoising_loss(5 * y, y) == 0
+
+
+def test_causal_positions_risk_and_baselines() -> None:
+    """task.positions=all: every position's output is scored against y (the mean over positions), the baselines
+    on each prefix; the last position is the single-output risk."""
+    data = denoising_batch(4000, 6, 0.3, 0.25, 8, torch.Generator().manual_seed(0))
+    naive, bayes = naive_average(data.x, causal=True), bayes_optimal(data.x, data.signal, causal=True)
+    assert naive.shape == bayes.shape == (4000, 6, 8)
+    torch.testing.assert_close(naive[:, -1], naive_average(data.x))
+    torch.testing.assert_close(bayes[:, -1], bayes_optimal(data.x, data.signal))
+    torch.testing.assert_close(naive[:, 2], data.x[:, :3].mean(dim=1))
+    none_yet = data.signal.cumsum(dim=1) == 0
+    assert none_yet.any() and bayes[none_yet].eq(0).all()
+    per_position = torch.stack([normalised_mse(data.y, naive[:, n]) for n in range(6)])
+    torch.testing.assert_close(normalised_mse(data.y, naive), per_position.mean())
+    last, every = DenoisingTask(6, 0.3), DenoisingTask(6, 0.3, positions="all")
+    assert baseline_mse(every, 4000, 0)["naive_average"] > baseline_mse(last, 4000, 0)["naive_average"]
+    every_model = SyntheticAttentionModel(8, {"name": "value_select"}, 6, positions="all")
+    last_model = SyntheticAttentionModel(8, {"name": "value_select"}, 6)
+    last_model.load_state_dict(every_model.state_dict())
+    outputs = every_model(data.x)
+    assert outputs.shape == (4000, 6, 8)
+    torch.testing.assert_close(outputs[:, -1], last_model(data.x))
+    assert normalised_mse(data.y, outputs) != normalised_mse(data.y, last_model(data.x))
+
+
+def test_naive_averaging_is_at_most_about_five_times_bayes_at_small_noise() -> None:
+    """The exact sigma -> 0 ratio L E[S^-2] / E[S^-1] against the test-set risks at a small sigma, and the sigma
+    search that puts Bayes-optimal at the paper's 0.003."""
+    assert small_noise_ratio(1, 0.25) == pytest.approx(1.0)
+    assert small_noise_ratio(2, 0.25) == pytest.approx(2 * (0.75 + 0.25 / 4) / (0.75 + 0.25 / 2))
+    risks = baseline_mse(DenoisingTask(16, 0.01), 10000, 1)
+    assert risks["naive_average"] / risks["bayes_optimal"] == pytest.approx(small_noise_ratio(16, 0.25), rel=0.03)
+    ratios = [small_noise_ratio(length, 0.25) for length in range(1, 300)]
+    assert max(ratios) == pytest.approx(5.06, abs=0.01) and ratios.index(max(ratios)) + 1 == 14  # then -> 1/alpha
+    assert small_noise_ratio(5000, 0.25) == pytest.approx(4.0, abs=0.01)
+    sigma = sigma_for_bayes(DenoisingTask(16, 1.0), 0.003, 2000, 2)
+    assert baseline_mse(DenoisingTask(16, sigma), 2000, 2)["bayes_optimal"] == pytest.approx(0.003, rel=1e-3)
+
+
 def test_table1_quick(tmp_path: Path) -> None:
     cfg = compose_synthetic("table1/quick", tmp_path)
     frame = run(cfg, paper_numbers.TABLE1)
     assert list(frame.columns) == ["quantity", "model", "ours_mean", "ours_std", "paper", "ours_minus_paper"]
-    assert (frame.model == "vanilla").sum() == 4 and (frame.model == "ssa").sum() == 4 + 2 * 4
+    assert (frame.model == "vanilla").sum() == 4 + 4 and (frame.model == "ssa").sum() == 4 + 4 + 2 * 4
     temperatures = frame[frame.quantity.str.startswith("temperature")]
     assert temperatures.paper.tolist() == [0.002, 0.019, 0.152, 0.751]
     assert frame.ours_mean.notna().all() and frame.ours_std.gt(0).any()
-    assert {p.name for p in tmp_path.iterdir()} == {"table1.md", "table1.csv", "figure3.png"}
+    assert {p.name for p in tmp_path.iterdir()} == {
+        "table1.md", "table1.csv", "figure3.png", "trajectory.csv", "trajectory.png", "ratio.csv"
+    }  # fmt: skip
     text = (tmp_path / "table1.md").read_text()
-    assert "0.358" in text and "2 seeds, 30 Adam steps (lr 0.0001, batch 16)" in text
-    assert "Paper's ordering" in text and "until converged" not in text
+    assert "0.358" in text and "2 seeds, 30 Adam steps (lr 0.0001, batch 16), d = 8, embedding unit_norm" in text
+    assert "readout head, SSA's scalar: q * tau (Definition 1's inverse temperature), reported as T = 1/tau" in text
+    assert "Paper's ordering" in text and "until converged" not in text and "Lower T = sparser map?" in text
+    ratio = pd.read_csv(tmp_path / "ratio.csv")
+    assert ratio.step.tolist() == [0, 10, 20, 30] and ratio.ratio.iloc[0] == pytest.approx(1.0)  # tau = 1: vanilla
+    shown = frame[(frame.model == "ssa") & frame.quantity.str.startswith("cross-entropy - H")].ours_mean.item()
+    assert ratio.kl_ssa.iloc[-1] == pytest.approx(shown)
     assert "SSA minus vanilla, paired by seed" in text and "paper -0.0036" in text and "paper -0.185" in text
 
 
@@ -252,7 +442,13 @@ def test_table2_quick(tmp_path: Path) -> None:
     assert frame.ours_std.iloc[:2].eq(0).all() and frame.ours_std.iloc[2:].gt(0).all()
     sweep = (tmp_path / "sweep.csv").read_text().splitlines()
     assert sweep[0] == "length,sigma,vanilla,value_selective,naive_average,bayes_optimal" and len(sweep) == 4
-    assert {p.name for p in tmp_path.iterdir()} == {"table2.md", "table2.csv", "sweep.csv"}
+    assert {p.name for p in tmp_path.iterdir()} == {"table2.md", "table2.csv", "sweep.csv", "consistency.csv"}
+    consistency = pd.read_csv(tmp_path / "consistency.csv")
+    assert consistency.length.tolist() == [8] and consistency.bayes_optimal.item() == pytest.approx(0.003, rel=1e-3)
+    assert (
+        1 < consistency.ratio.item() < 5
+        and "risk scored at the last position L" in (tmp_path / "table2.md").read_text()
+    )
 
 
 RULE = Convergence(check_every=1, window=3, loss_rtol=1e-3, temperature_rtol=1e-2, temperature_atol=1e-3, max_steps=60)
@@ -396,7 +592,27 @@ def test_converged_configs_and_stopping() -> None:
     for name, lr in (("table1/converged", 1e-4), ("table1/converged_lr1e-3", 1e-3)):
         cfg = compose_synthetic(name, Path("unused"))
         assert cfg.optim.lr == lr and isinstance(stopping(cfg.optim), Convergence), name
-    assert stopping(compose_synthetic("table1/default", Path("unused")).optim) == 20000
+    default = compose_synthetic("table1/default", Path("unused"))
+    assert stopping(default.optim) == 20000 and default.optim.record_every == 2000
+    assert (default.model.embedding, default.model.readout, default.models.ssa.scaling) == (
+        "unit_norm",
+        "head",
+        "multiply",
+    )
+    assert compose_synthetic("table2/default", Path("unused")).task.positions == "last"
+    for name in ("table1/converged", "table1/converged_lr1e-3"):  # pinned: the committed 400k-step runs' protocol
+        cfg = compose_synthetic(name, Path("unused"))
+        assert (cfg.model.embedding, cfg.models.ssa.scaling) == ("learned", "divide"), name
+    options = {
+        "scaling_divide": ("models.ssa.scaling", "divide"),
+        "embedding_one_hot": ("model.embedding", "one_hot"),
+        "readout_attention": ("model.readout", "attention"),
+        "embedding_learned": ("model.embedding", "learned"),
+    }
+    for name, (key, value) in options.items():
+        cfg = compose_synthetic(f"table1/options/{name}", Path("unused"))
+        assert OmegaConf.select(cfg, key) == value, name
+    assert compose_synthetic("table2/options/positions_all", Path("unused")).task.positions == "all"
     cfg = compose_synthetic("table2/quick", Path("unused"))
     with open_dict(cfg):
         cfg.optim.until = "forever"
@@ -439,3 +655,7 @@ def test_table1_until_converged_reports_the_cap_and_the_trajectory(tmp_path: Pat
     assert checkpoint_path(cfg, "ssa").name in saved  # the cap and the fixed-step budget do not name the run
     cfg.optim.lr = 1e-3
     assert checkpoint_path(cfg, "ssa").name not in saved  # another setting, another run
+    cfg.optim.lr, cfg.models.ssa.scaling = 1e-4, "multiply"
+    assert checkpoint_path(cfg, "ssa").name not in saved and checkpoint_path(cfg, "vanilla").name in saved
+    cfg.model.embedding = "unit_norm"
+    assert checkpoint_path(cfg, "vanilla").name not in saved

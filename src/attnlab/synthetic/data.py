@@ -62,18 +62,26 @@ def denoising_batch(
     return DenoisingBatch(x=z + signal.unsqueeze(-1) * y.unsqueeze(1), y=y, signal=signal)
 
 
-def naive_average(x: Tensor) -> Tensor:
-    """The paper's naive baseline: (1/L) sum_i x_i."""
+def naive_average(x: Tensor, causal: bool = False) -> Tensor:
+    """The paper's naive baseline: (1/L) sum_i x_i, (B, d); ``causal``: the mean of each prefix, (B, L, d)."""
+    if causal:
+        return x.cumsum(dim=1) / torch.arange(1, x.shape[1] + 1, dtype=x.dtype).view(1, -1, 1)
     return x.mean(dim=1)
 
 
-def bayes_optimal(x: Tensor, signal: Tensor) -> Tensor:
-    """The paper's "Bayes optimal estimator": the mean of the ground-truth signal tokens."""
+def bayes_optimal(x: Tensor, signal: Tensor, causal: bool = False) -> Tensor:
+    """The paper's "Bayes optimal estimator": the mean of the ground-truth signal tokens, (B, d); ``causal``: of
+    each prefix's signal tokens, (B, L, d), the zero vector for a prefix without one (it knows nothing of q)."""
     mask = signal.unsqueeze(-1).to(x.dtype)
+    if causal:
+        return (x * mask).cumsum(dim=1) / mask.cumsum(dim=1).clamp_min(1)
     return (x * mask).sum(dim=1) / mask.sum(dim=1)
 
 
 def normalised_mse(y: Tensor, y_hat: Tensor) -> Tensor:
-    """The paper's risk E ||y - y_hat / ||y_hat|| ||^2 (mean over the batch)."""
+    """The paper's risk E ||y - y_hat / ||y_hat|| ||^2, mean over the batch; ``y_hat`` of shape (B, L, K) scores
+    every position against its sequence's y (B, K), averaged over positions too."""
+    if y_hat.dim() > y.dim():
+        y = y.unsqueeze(-2)
     unit = y_hat / y_hat.norm(dim=-1, keepdim=True).clamp_min(1e-12)
     return ((y - unit) ** 2).sum(dim=-1).mean()

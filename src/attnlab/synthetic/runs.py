@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +94,7 @@ class Training:
 
     models: list[SyntheticAttentionModel]
     steps: int  # optimizer steps taken
-    history: Tensor | None  # (checks, seeds, values) at steps 0, check_every, ...; None for a fixed step count
+    history: Tensor | None  # (checks, seeds, values) at steps 0, check_every, ...; None: fixed steps, not recorded
     settled: list[bool] | None  # per seed, whether it had converged when training stopped; None: fixed steps
 
     @property
@@ -111,6 +112,7 @@ def train_seeds(
     loss: Callable[[Tensor, Tensor], Tensor],
     monitor: Callable[[SyntheticAttentionModel], Tensor] | None = None,
     checkpoint: Path | None = None,
+    record_every: int | None = None,
 ) -> Training:
     """One model per seed (init from ``torch.manual_seed(seed)``, data from its own generator), trained jointly,
     for ``steps`` steps or until ``steps`` (a ``Convergence``) says every seed's ``monitor`` values have settled.
@@ -120,7 +122,10 @@ def train_seeds(
     data generators and the checks so far. A run that finds it resumes where it stopped, with the same result as
     an uninterrupted run; a killed run loses at most ``check_every`` steps. A finished run's file stays, so running
     the same configuration again returns at once, and a higher ``max_steps`` continues a capped run. The caller
-    names the file after everything else that determines the training and where it stops."""
+    names the file after everything else that determines the training and where it stops.
+
+    For a fixed step count, ``record_every`` records ``monitor`` every that many steps (and at step 0) as the
+    history, so a fixed-step table can show its trajectory; the checks do not change the training."""
     models = []
     for seed in seeds:
         torch.manual_seed(seed)
@@ -151,8 +156,20 @@ def train_seeds(
     if isinstance(steps, int):
         if checkpoint is not None:
             raise ValueError("train_seeds: checkpoints are for training until convergence")
-        fit(steps)
-        return Training(models, steps, history=None, settled=None)
+        if record_every is None:
+            fit(steps)
+            return Training(models, steps, history=None, settled=None)
+        require(monitor is not None, "optim.record_every", "recording a trajectory needs a monitor")
+        require(
+            record_every >= 1 and steps % record_every == 0,
+            "optim.record_every",
+            f"must divide optim.steps={steps}, got {record_every}",
+        )
+        checks = [torch.stack([monitor(model) for model in models])]
+        for _ in range(steps // record_every):
+            fit(record_every)
+            checks.append(torch.stack([monitor(model) for model in models]))
+        return Training(models, steps, history=torch.stack(checks), settled=None)
     if monitor is None:
         raise ValueError("train_seeds: training until convergence needs a monitor")
     if checkpoint is not None and checkpoint.exists():
@@ -201,8 +218,9 @@ class GraphRun:
     err_map: float  # sum_ij |P^_ij - P*_ij|, P^ = the attention map
     err_transition: float  # sum_ij |G_ij - P*_ij|, G = the model's predicted transition matrix g(X) per query
     attention_map: Tensor  # P^: row q = the last position's attention over token ids, query q
-    transition: Tensor  # G: row q = softmax(C f(X)) for the sequences ending in q
-    temperatures: list[float] | None  # learned T per group (temp_lookup), else None
+    transition: Tensor  # G: row q = softmax(C f(X)) for the sequences ending in q (= P^ when the map is the readout)
+    attention_entropy: Tensor  # per query q: entropy of P^'s row q in nats (lower = sparser map)
+    temperatures: list[float] | None  # T = 1 / (factor on q) per group, the paper's convention (temp_lookup)
 
 
 def train_graph(
@@ -216,13 +234,18 @@ def train_graph(
     seeds: Sequence[int],
     bias: bool = False,
     checkpoint: Path | None = None,
+    embedding: str = "learned",
+    readout: str = "head",
+    record_every: int | None = None,
 ) -> tuple[list[GraphRun], Training]:
     """Fit the 1-layer model to next-token prediction on the graph with cross-entropy (the paper's section 4.1).
-    Until convergence, the checks watch the exact cross-entropy and the learned temperatures (``graph_values``),
-    and ``checkpoint`` makes the training resumable (``train_seeds``)."""
+    Until convergence (or every ``record_every`` steps of a fixed count), the checks record the exact
+    cross-entropy and the temperatures (``graph_values``); ``checkpoint`` makes convergence runs resumable."""
     transition = transition_matrix(nodes, edges)
     training = train_seeds(
-        lambda: SyntheticAttentionModel(dim, attention, nodes, vocab_size=nodes, num_outputs=nodes, bias=bias),
+        lambda: SyntheticAttentionModel(
+            dim, attention, nodes, nodes, nodes, bias=bias, embedding=embedding, readout=readout
+        ),
         seeds,
         steps,
         lr,
@@ -230,6 +253,7 @@ def train_graph(
         F.cross_entropy,
         monitor=lambda model: graph_values(evaluate_graph(model, transition)),
         checkpoint=checkpoint,
+        record_every=record_every,
     )
     return [evaluate_graph(model, transition) for model in training.models], training
 
@@ -247,9 +271,7 @@ def evaluate_graph(model: SyntheticAttentionModel, transition: Tensor) -> GraphR
     cross_entropy = -(transition * log_probs).sum(dim=1).mean()
     attention_map = torch.zeros(nodes, nodes).scatter_(1, sequences, model.last_attention(sequences))
     variant = model.attn.variant
-    temperatures = None
-    if isinstance(variant, TemperatureLookup):
-        temperatures = variant.temperature[0].clamp_min(variant.options.min_temperature).tolist()
+    temperatures = variant.temperatures()[0].tolist() if isinstance(variant, TemperatureLookup) else None
     return GraphRun(
         cross_entropy=cross_entropy.item(),
         kl=(cross_entropy - entropy(transition)).item(),
@@ -257,6 +279,7 @@ def evaluate_graph(model: SyntheticAttentionModel, transition: Tensor) -> GraphR
         err_transition=(log_probs.exp() - transition).abs().sum().item(),
         attention_map=attention_map,
         transition=log_probs.exp(),
+        attention_entropy=-(attention_map * attention_map.clamp_min(1e-30).log()).sum(dim=1),
         temperatures=temperatures,
     )
 
@@ -267,6 +290,7 @@ class DenoisingTask:
     sigma: float  # noise standard deviation
     alpha: float = 0.25  # probability that a token i < L carries the signal
     dim: int = 8  # K = d
+    positions: str = "last"  # where the risk is scored: last (position L) | all (mean over causal positions 1..L)
 
     def sample(self, batch: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         data = denoising_batch(batch, self.length, self.sigma, self.alpha, self.dim, generator)
@@ -274,12 +298,42 @@ class DenoisingTask:
 
 
 def baseline_mse(task: DenoisingTask, samples: int, seed: int) -> dict[str, float]:
-    """The two untrained rows of Table 2 on the test set: naive averaging and the Bayes-optimal estimator."""
+    """The two untrained rows of Table 2 on the test set: naive averaging and the Bayes-optimal estimator, scored
+    where the models are (``task.positions``: at every position each sees only its prefix)."""
     data = denoising_batch(samples, task.length, task.sigma, task.alpha, task.dim, torch.Generator().manual_seed(seed))
+    causal = task.positions == "all"
     return {
-        "naive_average": normalised_mse(data.y, naive_average(data.x)).item(),
-        "bayes_optimal": normalised_mse(data.y, bayes_optimal(data.x, data.signal)).item(),
+        "naive_average": normalised_mse(data.y, naive_average(data.x, causal)).item(),
+        "bayes_optimal": normalised_mse(data.y, bayes_optimal(data.x, data.signal, causal)).item(),
     }
+
+
+def denoising_loss(prediction: Tensor, y: Tensor) -> Tensor:
+    """The paper's training objective E ||y - y_hat / ||y_hat|| ||^2 in ``train_seeds``' (prediction, target) order.
+    Passing ``normalised_mse`` itself there normalised the target instead, training on the plain MSE ||y_hat - y||^2
+    (fixed with issue 25)."""
+    return normalised_mse(y, prediction)
+
+
+def small_noise_ratio(length: int, alpha: float) -> float:
+    """Naive-averaging risk / Bayes-optimal risk as sigma -> 0, exactly: with S = 1 + Binomial(L - 1, alpha) signal
+    tokens, the Bayes mean is e_q + N(0, sigma^2 / S) and the naive mean (S / L) e_q + N(0, sigma^2 / L), so their
+    normalised errors are ~(K - 1) sigma^2 / S and ~(K - 1) sigma^2 L / S^2: the ratio is L E[S^-2] / E[S^-1]."""
+    others = torch.arange(length, dtype=torch.float64)
+    pmf = torch.distributions.Binomial(length - 1, probs=torch.tensor(alpha, dtype=torch.float64)).log_prob(others)
+    signal = others + 1
+    return (length * (pmf.exp() / signal**2).sum() / (pmf.exp() / signal).sum()).item()
+
+
+def sigma_for_bayes(task: DenoisingTask, target: float, samples: int, seed: int) -> float:
+    """The noise level at which the Bayes-optimal risk of ``task`` (its sigma ignored) equals ``target``, by
+    bisection on a log scale: the test set scales one fixed noise draw, so the risk grows monotonically in sigma."""
+    low, high = 1.0e-4, 10.0
+    for _ in range(30):  # the bracket shrinks to a factor 1 + 1e-8
+        middle = math.sqrt(low * high)
+        risk = baseline_mse(replace(task, sigma=middle), samples, seed)["bayes_optimal"]
+        low, high = (middle, high) if risk < target else (low, middle)
+    return math.sqrt(low * high)
 
 
 def train_denoising(
@@ -293,14 +347,15 @@ def train_denoising(
     eval_seed: int,
     bias: bool = False,
 ) -> list[float]:
-    """Fit 1-layer attention on the fixed standard-basis embedding to the normalised MSE; test MSE per seed."""
+    """Fit 1-layer attention on the fixed standard-basis embedding to the normalised MSE, scored at
+    ``task.positions``; test MSE per seed."""
     models = train_seeds(
-        lambda: SyntheticAttentionModel(task.dim, attention, task.length, bias=bias),
+        lambda: SyntheticAttentionModel(task.dim, attention, task.length, bias=bias, positions=task.positions),
         seeds,
         steps,
         lr,
         lambda generator: task.sample(batch_size, generator),
-        normalised_mse,
+        denoising_loss,
     ).models
     x, y = task.sample(eval_samples, torch.Generator().manual_seed(eval_seed))
     with torch.no_grad():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +26,18 @@ from attnlab.synthetic.runs import (
     GraphRun,
     Training,
     baseline_mse,
+    sigma_for_bayes,
+    small_noise_ratio,
     train_denoising,
     train_graph,
 )
 from attnlab.tables.collect import paired_interval, verdict
 
 COLUMNS = ["quantity", "model", "ours_mean", "ours_std", "paper", "ours_minus_paper"]
+SCALING = {  # temp_lookup's scaling, in the tables' headers
+    "multiply": "q * tau (Definition 1's inverse temperature), reported as T = 1/tau",
+    "divide": "q / T (the temperature learned directly), reported as T",
+}
 
 
 def row(quantity: str, model: str, values: list[float], paper: float | None) -> dict[str, Any]:
@@ -124,7 +130,7 @@ def paper_ordering(temperatures: dict[int, list[float]], threshold: float) -> Or
 
 
 # Bump when the training code changes what a configuration trains to, so old checkpoints stop matching.
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2  # 2: temp_lookup's scaling, the embedding and the readout became options
 
 
 def checkpoint_path(cfg: DictConfig, label: str) -> Path:
@@ -171,10 +177,37 @@ def paired_effects(runs: dict[str, list[GraphRun]], paper: dict[str, Any]) -> st
     return "SSA minus vanilla, paired by seed:\n\n" + "\n".join(lines) + "\n\n"
 
 
+def sparser_with_lower_temperature(runs: list[GraphRun], token_groups: list[int], groups: list[int]) -> str:
+    """Whether the paper's reading "lower temperature = sparser map" holds in the trained model: per seed, the
+    Spearman correlation over the groups between the reported T and the mean entropy of the group's attention rows
+    (+1: the lower a group's T, the sparser its map)."""
+    correlations = []
+    for run in runs:
+        entropies = torch.tensor([run.attention_entropy[[t for t, g in enumerate(token_groups) if g == group]].mean()
+                                  for group in groups])  # fmt: skip
+        temperatures = torch.tensor([run.temperatures[group] for group in groups])
+        ranks = [values.argsort().argsort().double() for values in (temperatures, entropies)]
+        correlations.append(torch.corrcoef(torch.stack(ranks))[0, 1].item())
+    return (
+        f"Lower T = sparser map? Spearman correlation over the {len(groups)} groups between T and the mean entropy of "
+        f"the group's attention rows, per seed: {', '.join(f'{c:+.2f}' for c in correlations)} (mean "
+        f"{statistics.fmean(correlations):+.2f}; +1 in {sum(c > 0.999 for c in correlations)} of {len(runs)} seeds)."
+    )
+
+
+def kl_ratio(trajectory: pd.DataFrame) -> pd.DataFrame:
+    """SSA / vanilla of the seed-mean excess loss CE - H(P*) at every recorded step (the paper: 0.009 / 0.0126 =
+    0.71), with both means."""
+    means = trajectory.groupby(["model", "step"]).kl.mean().unstack("model")
+    frame = pd.DataFrame({"step": means.index, "kl_vanilla": means.vanilla.values, "kl_ssa": means.ssa.values})
+    return frame.assign(ratio=frame.kl_ssa / frame.kl_vanilla)
+
+
 def run_table1(cfg: DictConfig, paper: dict[str, Any]) -> pd.DataFrame:
     """Train every model of ``cfg.models`` on the graph task; CE, KL, err_map and the learned temperatures."""
     transition = transition_matrix(cfg.graph.nodes, cfg.graph.edges)
     steps = stopping(cfg.optim)
+    record_every = cfg.optim.record_every if isinstance(steps, int) else None
     runs: dict[str, list[GraphRun]] = {}
     trainings: dict[str, Training] = {}
     for label, attention in cfg.models.items():
@@ -189,6 +222,9 @@ def run_table1(cfg: DictConfig, paper: dict[str, Any]) -> pd.DataFrame:
             list(cfg.seeds),
             cfg.model.bias,
             checkpoint=None if isinstance(steps, int) else checkpoint_path(cfg, label),
+            embedding=cfg.model.embedding,
+            readout=cfg.model.readout,
+            record_every=record_every,
         )
     rows = []
     quantities = [  # (row label, RunResult field, paper column it compares with)
@@ -197,11 +233,15 @@ def run_table1(cfg: DictConfig, paper: dict[str, Any]) -> pd.DataFrame:
         ("err_map = sum |P^ - P*|, P^ = attention map", "err_map", "err_map"),
         ("sum |G - P*|, G = predicted transition g(X)", "err_transition", "err_map"),
     ]
+    options = option_counts(transition).tolist()
     for label, model_runs in runs.items():
         for quantity, field, paper_key in quantities:
             values = [getattr(r, field) for r in model_runs]
             rows.append(row(quantity, label, values, paper[paper_key].get(label)))
-    options = option_counts(transition).tolist()
+        for count in sorted(set(options)):
+            queries = [t for t, c in enumerate(options) if c == count]
+            values = [r.attention_entropy[queries].mean().item() for r in model_runs]
+            rows.append(row(f"attention entropy (nats), {count} option(s)", label, values, None))
     group_options = {g: options[t] for t, g in enumerate(cfg.models.ssa.token_groups)} if "ssa" in runs else {}
     largest = max(group_options.values(), default=0)
     temperatures = {}
@@ -235,26 +275,41 @@ def run_table1(cfg: DictConfig, paper: dict[str, Any]) -> pd.DataFrame:
             maps[f"{label}: {kind}"] = torch.stack([getattr(r, attribute) for r in model_runs]).mean(0)
     figure3(transition, maps, results / "figure3.png")
     notes = ""
+    check_every = record_every if isinstance(steps, int) else steps.check_every
+    if check_every is not None:
+        trajectory = trajectories(trainings, check_every, entropy(transition).item(), group_options)
+        trajectory.to_csv(results / "trajectory.csv", index=False)
+        plot_trajectories(trajectory, results / "trajectory.png")
+        if {"vanilla", "ssa"} <= runs.keys():
+            ratio = kl_ratio(trajectory)
+            ratio.to_csv(results / "ratio.csv", index=False)
+            shown = ratio.iloc[:: max(1, len(ratio) // 10)]
+            notes += (
+                "SSA / vanilla of the seed-mean CE - H(P*) along the training (paper: 0.009 / 0.0126 = 0.71; the "
+                "paper gives no step count, so no step of this trajectory is the paper's), every check in "
+                f"`ratio.csv`:\n\n{markdown(shown)}\n\n"
+            )
     if isinstance(steps, int):
         trained = f"{steps} Adam steps (lr {cfg.optim.lr}, batch {cfg.optim.batch_size})"
     else:
         trained = f"Adam (lr {cfg.optim.lr}, batch {cfg.optim.batch_size}) until converged"
-        trajectory = trajectories(trainings, steps.check_every, entropy(transition).item(), group_options)
-        trajectory.to_csv(results / "trajectory.csv", index=False)
-        plot_trajectories(trajectory, results / "trajectory.png")
         notes = (
             f"Convergence (L: the exact cross-entropy over the {cfg.graph.nodes} queries, not the batch loss): "
             f"{steps.describe()}.\n\nStopped: "
             + "; ".join(stopped(label, t) for label, t in trainings.items())
             + ". The checks' values are in `trajectory.csv` (plotted in `trajectory.png`).\n\n"
-        )
+        ) + notes
     notes += paired_effects(runs, paper)
     if temperatures:
         notes += paper_ordering(temperatures, cfg.ordering.near_zero).describe() + "\n\n"
+        groups = sorted(group_options, key=group_options.get)
+        notes += sparser_with_lower_temperature(runs["ssa"], list(cfg.models.ssa.token_groups), groups) + "\n\n"
     header = (
-        f"# SSA Table 1 / Figure 3 (ours vs paper)\n\n{len(cfg.seeds)} seeds, {trained}, d = {cfg.model.dim}. "
-        f"Evaluated exactly over the {cfg.graph.nodes} queries. Figure: `figure3.png` (P^ as attention map and as "
-        "predicted transition g(X), averaged over seeds).\n\n"
+        f"# SSA Table 1 / Figure 3 (ours vs paper)\n\n{len(cfg.seeds)} seeds, {trained}, d = {cfg.model.dim}, "
+        f"embedding {cfg.model.embedding}, readout {cfg.model.readout}"
+        + (f", SSA's scalar: {SCALING[cfg.models.ssa.get('scaling', 'multiply')]}" if "ssa" in cfg.models else "")
+        + f". Evaluated exactly over the {cfg.graph.nodes} queries. Figure: `figure3.png` (P^ as attention map and "
+        "as predicted transition g(X), averaged over seeds).\n\n"
     )
     (results / "table1.md").write_text(header + notes + markdown(frame) + "\n")
     return frame
@@ -331,7 +386,7 @@ def table2_point(cfg: DictConfig, task: DenoisingTask, seeds: list[int]) -> dict
 def run_table2(cfg: DictConfig, paper: dict[str, float]) -> pd.DataFrame:
     """Table 2 at (cfg.task.length, cfg.task.sigma), then the sweep over L and sigma."""
     require(cfg.optim.until == "steps", "optim.until", "Table 2 trains a fixed number of steps: until=steps")
-    task = DenoisingTask(cfg.task.length, cfg.task.sigma, cfg.task.alpha, cfg.task.dim)
+    task = DenoisingTask(cfg.task.length, cfg.task.sigma, cfg.task.alpha, cfg.task.dim, cfg.task.positions)
     values = table2_point(cfg, task, list(cfg.seeds))
     frame = pd.DataFrame(
         [row("normalised MSE", label, v, paper.get(label)) for label, v in values.items()], columns=COLUMNS
@@ -339,30 +394,59 @@ def run_table2(cfg: DictConfig, paper: dict[str, float]) -> pd.DataFrame:
     sweep = []
     grid = cfg.sweep.baselines
     for length, sigma in itertools.product(grid.length, grid.sigma):
-        point = DenoisingTask(length, sigma, cfg.task.alpha, cfg.task.dim)
+        point = replace(task, length=length, sigma=sigma)
         sweep.append({"length": length, "sigma": sigma, **baseline_mse(point, cfg.eval.samples, cfg.eval.seed)})
     trained = cfg.sweep.trained
     for length, sigma in itertools.product(trained.length, trained.sigma):
-        point = DenoisingTask(length, sigma, cfg.task.alpha, cfg.task.dim)
+        point = replace(task, length=length, sigma=sigma)
         means = {k: statistics.fmean(v) for k, v in table2_point(cfg, point, list(trained.seeds)).items()}
         sweep.append({"length": length, "sigma": sigma, **means})
     sweep_frame = pd.DataFrame(sweep).groupby(["length", "sigma"], as_index=False).last()
     sweep_frame = sweep_frame.reindex(columns=["length", "sigma", *paper])
+    consistency = bayes_matched(cfg, task, paper["bayes_optimal"])
     results = Path(cfg.results_dir)
     results.mkdir(parents=True, exist_ok=True)
     frame.to_csv(results / "table2.csv", index=False)
     sweep_frame.to_csv(results / "sweep.csv", index=False)
+    consistency.to_csv(results / "consistency.csv", index=False)
+    scored = "the last position L" if task.positions == "last" else "every position, averaged (causal prefixes)"
     header = (
         f"# SSA Table 2 (ours vs paper)\n\nL = {task.length}, sigma = {task.sigma}, K = d = {task.dim}, "
-        f"alpha = {task.alpha}; {len(cfg.seeds)} seeds, {cfg.optim.steps} Adam steps (lr {cfg.optim.lr}, "
-        f"batch {cfg.optim.batch_size}); test set of {cfg.eval.samples}. Baselines are deterministic (std 0).\n\n"
+        f"alpha = {task.alpha}; risk scored at {scored}; {len(cfg.seeds)} seeds, {cfg.optim.steps} Adam steps "
+        f"(lr {cfg.optim.lr}, batch {cfg.optim.batch_size}); test set of {cfg.eval.samples}. Baselines are "
+        "deterministic (std 0).\n\n"
     )
     sweep_text = (
         f"\n\n## Sweep over L and sigma (mean test MSE; trained models at {len(trained.seeds)} seeds, "
         f"blank where not trained)\n\nPaper: " + ", ".join(f"{k} {v}" for k, v in paper.items()) + "\n\n"
     )
-    (results / "table2.md").write_text(header + markdown(frame) + sweep_text + markdown(sweep_frame) + "\n")
+    consistency_text = (
+        f"\n\n## Where Bayes-optimal is the paper's {paper['bayes_optimal']} (risk at the last position)\n\n"
+        "Per L, the sigma at which the Bayes-optimal risk equals the paper's, naive averaging there, and their "
+        "ratio; `small_noise_ratio` is its exact sigma -> 0 limit L E[S^-2] / E[S^-1] (S = number of signal tokens). "
+        f"Paper: naive averaging {paper['naive_average']}, i.e. {paper['naive_average'] / paper['bayes_optimal']:.0f}x "
+        "Bayes-optimal; and naive averaging's risk is below 2 at every (L, sigma), since its output always has a "
+        "positive component along y = e_q.\n\n"
+    )
+    (results / "table2.md").write_text(
+        header + markdown(frame) + sweep_text + markdown(sweep_frame) + consistency_text + markdown(consistency) + "\n"
+    )
     return frame
+
+
+def bayes_matched(cfg: DictConfig, task: DenoisingTask, bayes: float) -> pd.DataFrame:
+    """Whether the paper's four numbers fit its data model: per L of ``cfg.consistency.lengths``, the sigma where the
+    Bayes-optimal risk at the last position is ``bayes``, and naive averaging's risk there."""
+    rows = []
+    for length in cfg.consistency.lengths:
+        point = replace(task, length=length, positions="last")
+        sigma = sigma_for_bayes(point, bayes, cfg.eval.samples, cfg.eval.seed)
+        risks = baseline_mse(replace(point, sigma=sigma), cfg.eval.samples, cfg.eval.seed)
+        rows.append(
+            {"length": length, "sigma": sigma, **risks, "ratio": risks["naive_average"] / risks["bayes_optimal"]}
+            | {"small_noise_ratio": small_noise_ratio(length, task.alpha)}
+        )
+    return pd.DataFrame(rows)
 
 
 def run(cfg: DictConfig, paper: dict[str, Any]) -> pd.DataFrame:
