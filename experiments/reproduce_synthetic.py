@@ -20,7 +20,7 @@ from attnlab.synthetic.tables import run
 PAPER = {"table1": paper_numbers.TABLE1, "table2": paper_numbers.TABLE2}
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="synthetic")
+@hydra.main(version_base="1.3", config_path="conf", config_name="synthetic")
 def main(cfg: DictConfig) -> None:
     start = time.perf_counter()
     run(cfg, PAPER[cfg.table])

@@ -52,7 +52,7 @@ from attnlab.synthetic.tables import (
     stopping,
 )
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[1] / "experiments" / "conf"  # the synthetic tables' own configs
 EDGES = [[0, 1], [0, 2], [0, 3], [1, 4], [2, 5], [3, 6]]
 GROUPS = [3, 2, 2, 2, 1, 1, 1, 0]
 LOOKUP = {"name": "temp_lookup", "num_groups": 4, "token_groups": GROUPS, "scaling": "divide"}  # pinned numbers below

@@ -45,7 +45,7 @@ MODEL_PREFIX = "model."  # the LightningModule holds the GPT as ``self.model``
 # Data settings that do not change which documents are held out or how they are tokenized.
 DATA_RUNTIME_KEYS = ("_target_", "batch_size", "num_workers", "cache_dir", "shuffle_seed", "shuffle_buffer")
 SCHEDULES = ("cosine", "constant")
-# Variants made for the SSA paper's synthetic tables (conf/synthetic_table, `make reproduce-table1/2`), not for
+# Variants made for the SSA paper's synthetic tables (`make reproduce-table1/2`), not for
 # language data: a temperature looked up per graph node, and an oracle that reads one-hot signal tokens.
 SYNTHETIC_ONLY_ATTENTION = ("temp_lookup", "value_select")
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=,+-]*")
