@@ -32,10 +32,10 @@ install: $(STAMP)  ## create .venv and install attnlab with torch==2.13.0 (CPU w
 train: $(STAMP)  ## train the default tiny model on the embedded corpus (extra Hydra overrides: ARGS="...")
 	$(PY) train.py $(ARGS)
 
-test: $(STAMP)  ## the default test suite (1,868 tests: 5-11 min on 2 cores shared with 2-3 background trainings, 2026-11-24)
+test: $(STAMP)  ## the default test suite (1,936 tests: 14 min on 2 cores beside a niced background training, 2026-11-25)
 	$(PY) -m pytest -q $(ARGS)
 
-test-slow: $(STAMP)  ## the slow tests: longer CPU training runs per variant, kill/resume, make train's numbers (66 tests, 14 min on 2 cores, 2026-11-24)
+test-slow: $(STAMP)  ## the slow tests: longer CPU training runs per variant, kill/resume, make train's numbers (72 tests, 38 min on 2 cores partly beside a niced background training, 2026-11-25)
 	$(PY) -m pytest -q -m slow $(ARGS)
 
 lint: $(STAMP)  ## ruff check and ruff format --check (what .pre-commit-config.yaml runs on each commit)

@@ -1,0 +1,94 @@
+"""Clipped softmax (Bondarenko et al. 2023, eq. 4; spec section 2): attention can put exactly zero on a token.
+
+``p~ = clip((zeta - gamma) * softmax(s) + gamma, 0, 1)``; rows no longer sum to one, on purpose. The fused
+kernel cannot clip, so ``attend`` runs the plain math over chunks of queries: each chunk sees its full key
+rows (the softmax is exact) and only a (chunk x T) score block exists at a time, recomputed in backward when
+there is more than one chunk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from attnlab.attention.base import AttentionShape, AttentionVariant, VariantOptions, causal_bias, register
+from attnlab.errors import require
+
+
+@dataclass
+class ClippedSoftmaxOptions(VariantOptions):
+    """Set exactly one of ``gamma`` (direct) and ``alpha`` (``gamma = -alpha / T_ctx``); the other null."""
+
+    zeta: float = 1.0  # stretch above: probabilities >= (1 - gamma) / (zeta - gamma) clip to exactly 1
+    gamma: float | None = None  # stretch below (<= 0): probabilities <= -gamma / (zeta - gamma) clip to exactly 0
+    alpha: float | None = 12.0  # gamma = -alpha / T_ctx (their OPT-125m run: alpha 12, T_ctx 512)
+    context_length: int | None = None  # T_ctx, the training context; None: model.block_size
+    chunk_size: int = 256  # queries per chunk of the memory-bounded path
+
+    config_interpolations: ClassVar[dict[str, str]] = {"context_length": "${oc.select:data.block_size,null}"}
+
+    def __post_init__(self) -> None:
+        require(self.zeta >= 1, "attention.zeta", f"must be >= 1, got {self.zeta}")
+        require(
+            (self.gamma is None) != (self.alpha is None),
+            "attention.gamma",
+            f"set exactly one of attention.gamma (<= 0) and attention.alpha (>= 0) and the other to null; "
+            f"got gamma={self.gamma}, alpha={self.alpha}",
+        )
+        if self.gamma is not None:
+            require(self.gamma <= 0, "attention.gamma", f"must be <= 0, got {self.gamma}")
+        if self.alpha is not None:
+            require(self.alpha >= 0, "attention.alpha", f"must be >= 0 (gamma = -alpha / T_ctx), got {self.alpha}")
+        if self.context_length is not None:
+            require(self.context_length > 0, "attention.context_length", f"must be positive, got {self.context_length}")
+        require(self.chunk_size > 0, "attention.chunk_size", f"must be positive, got {self.chunk_size}")
+
+
+@register("clipped_softmax")
+class ClippedSoftmax(AttentionVariant):
+    """o = clip((zeta - gamma) softmax(q k^T / sqrt(d_h)) + gamma, 0, 1) v, softmax in fp32."""
+
+    Options = ClippedSoftmaxOptions
+
+    def __init__(self, shape: AttentionShape, options: ClippedSoftmaxOptions) -> None:
+        super().__init__(shape, options)
+        self.zeta = options.zeta
+        context = options.context_length or shape.block_size
+        self.gamma = options.gamma if options.gamma is not None else -options.alpha / context
+
+    def probabilities(self, scores: Tensor) -> Tensor:
+        return torch.clamp((self.zeta - self.gamma) * torch.softmax(scores.float(), dim=-1) + self.gamma, 0, 1)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout: float) -> Tensor:
+        groups = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        t_q, offset = q.shape[2], k.shape[2] - q.shape[2]  # query i sits at key index i + offset
+        chunks = []
+        # one chunk holds no more than the plain math would: recomputing it in backward would only cost time
+        recompute = torch.is_grad_enabled() and t_q > self.options.chunk_size
+        for start in range(0, t_q, self.options.chunk_size):
+            stop = min(start + self.options.chunk_size, t_q)
+            keys, bias = k.shape[2], None
+            if mask is not None:
+                bias = mask[..., start:stop, :].float()
+            elif is_causal:  # keys after the chunk's last query are masked for every row: skip them
+                keys = stop + offset
+                bias = causal_bias(stop - start, keys, q.device)
+            args = (q[:, :, start:stop], k[:, :, :keys], v[:, :, :keys], bias, dropout)
+            if recompute:
+                chunks.append(checkpoint(self._chunk, *args, use_reentrant=False))
+            else:
+                chunks.append(self._chunk(*args))
+        return torch.cat(chunks, dim=2)
+
+    def _chunk(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, dropout: float) -> Tensor:
+        """Exact clipped attention for a chunk of queries over its keys, in fp32 even under autocast."""
+        with torch.autocast(q.device.type, enabled=False):
+            scores = (q.float() @ k.float().transpose(-2, -1)) * self.scale
+            probs = self.probabilities(scores if bias is None else scores + bias)
+            return (F.dropout(probs, p=dropout) @ v.float()).to(q.dtype)

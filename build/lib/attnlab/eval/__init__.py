@@ -1,0 +1,1 @@
+"""Evaluation: perplexity, lm-eval tasks, passkey retrieval and the analysis metrics."""

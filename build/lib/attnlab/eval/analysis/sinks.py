@@ -1,0 +1,135 @@
+"""Attention sinks and gates (Qiu et al. 2025, seed 002): does a layer dump attention on the first token, how
+large do its activations get, and how sparse are its gate values?"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.eval.analysis.common import (
+    AnalysisInputs,
+    Tokens,
+    as_batches,
+    attention_maps,
+    device_of,
+    evaluating,
+    per_layer_line,
+    recording,
+    register_metric,
+    unwrap,
+)
+from attnlab.nn_utils import forward_hooks
+
+
+@torch.no_grad()
+def attention_sinks(model: nn.Module, tokens: Tokens, skip: int = 4, deep_skip: int = 16) -> dict[str, Any]:
+    """Per layer: the mean probability that queries at 0-based positions >= ``skip`` put on key 0 (over heads,
+    queries and sequences), and the max |x| of the block output (the residual stream) over all tokens.
+
+    ``sink_share`` is the phenomenon check's number (issue 23): the same share for queries at positions >=
+    ``deep_skip``, averaged over the layers after the first (the first layer rarely has a sink: Xiao et al. 2024,
+    Gu et al. 2025), so early queries that can only see a few keys do not pass for a sink."""
+    model = unwrap(model)
+    n_layer = len(model.blocks)
+    share, rows = torch.zeros(n_layer, dtype=torch.float64), 0
+    deep_share, deep_rows = torch.zeros(n_layer, dtype=torch.float64), 0
+    max_activation = torch.zeros(n_layer, dtype=torch.float64)
+
+    def track_max(i: int):
+        def hook(_module: nn.Module, _args: tuple[Any, ...], output: Tensor) -> None:
+            max_activation[i] = torch.maximum(max_activation[i], output.detach().abs().max().double().cpu())
+
+        return hook
+
+    def add_share(i: int, probabilities: Tensor) -> None:
+        share[i] += probabilities[:, :, skip:, 0].double().sum().cpu()
+        deep_share[i] += probabilities[:, :, deep_skip:, 0].double().sum().cpu()
+
+    tracked = forward_hooks((block, track_max(i)) for i, block in enumerate(model.blocks))
+    with evaluating(model), attention_maps(model, add_share), tracked:
+        for batch in as_batches(tokens, device_of(model)):
+            if batch.shape[1] <= skip:
+                continue
+            model(batch)
+            rows += batch.shape[0] * model.config.n_head * (batch.shape[1] - skip)
+            deep_rows += batch.shape[0] * model.config.n_head * max(0, batch.shape[1] - deep_skip)
+    if rows == 0:
+        raise ValueError(f"no sequence is longer than skip={skip} tokens")
+    share /= rows
+    deep_share /= max(deep_rows, 1)
+    deep_layers = deep_share[1:] if n_layer > 1 else deep_share
+    return {
+        "skip": skip,
+        "first_token_share": share.tolist(),
+        "first_token_share_mean": share.mean().item(),
+        "deep_skip": deep_skip,
+        "sink_share_per_layer": deep_share.tolist() if deep_rows else None,
+        "sink_share": deep_layers.mean().item() if deep_rows else None,
+        "max_activation": max_activation.tolist(),
+        "max_activation_max": max_activation.max().item(),
+    }
+
+
+@torch.no_grad()
+def gate_statistics(model: nn.Module, tokens: Tokens, bins: int = 20) -> dict[str, Any] | None:
+    """Per layer: mean gate value and a histogram (on [0, 1] for sigmoid-type gates, the data range for SiLU);
+    the seed reports means around 0.1-0.25 (sparse) for its SDPA gate. None for models without gates.
+
+    The gate is what the variant records as its "gate" probe, before any fine-tuning rescale."""
+    model = unwrap(model)
+    variants = [block.attn.variant for block in model.blocks]
+    if not any("gate" in v.probes() for v in variants):
+        return None
+    with evaluating(model), recording(model) as recorded:
+        for batch in as_batches(tokens, device_of(model)):
+            model(batch)
+    layers = []
+    for variant, probes in zip(variants, recorded, strict=True):
+        if "gate" not in probes:
+            layers.append(None)
+            continue
+        flat = torch.cat([gate.flatten() for gate in probes["gate"]])
+        bounded = getattr(variant.options, "activation", "sigmoid") != "silu"
+        low, high = (0.0, 1.0) if bounded else (flat.min().item(), flat.max().item())
+        layers.append(
+            {
+                "mean": flat.mean().item(),
+                "fraction_below_0.1": (flat < 0.1).double().mean().item(),
+                "histogram": torch.histc(flat, bins=bins, min=low, max=high).long().tolist(),
+                "histogram_range": [low, high],
+            }
+        )
+    means = [layer["mean"] for layer in layers if layer is not None]
+    return {"layers": layers, "mean": sum(means) / len(means)}
+
+
+@register_metric(
+    "sinks",
+    # queries at 0-based positions < sink_skip are left out of the first-token share, < sink_deep_skip out of
+    # sink_share (which also leaves out the first layer)
+    options={"sink_skip": 4, "sink_deep_skip": 16},
+    headline={
+        "first_token_share": "first_token_share_mean",
+        "sink_share": "sink_share",
+        "max_activation": "max_activation_max",
+    },
+    describe=lambda s: [
+        per_layer_line("first-token share", s["first_token_share"]),
+        per_layer_line("max |block output|", s["max_activation"]),
+    ],
+)
+def _sinks(inputs: AnalysisInputs) -> dict[str, Any]:
+    options = inputs.options
+    return attention_sinks(inputs.model, inputs.map_batches, options["sink_skip"], options["sink_deep_skip"])
+
+
+@register_metric(
+    "gates",
+    options={"gate_bins": 20},
+    headline={"gate_mean": "mean"},
+    describe=lambda s: [per_layer_line("gate value", [layer["mean"] for layer in s["layers"] if layer is not None])],
+)
+def _gates(inputs: AnalysisInputs) -> dict[str, Any] | None:
+    return gate_statistics(inputs.model, inputs.batches, inputs.options["gate_bins"])

@@ -1,0 +1,58 @@
+"""CPU kernels that give a seed the same numbers on every x86-64 machine with AVX2.
+
+ATen's vectorised CPU kernels (softmax, norms, activations, reductions, the optimizer's foreach ops) dispatch on
+the widest instruction set the CPU has, and the AVX-512 and AVX2 kernels round differently. Over a few hundred
+steps the difference grows into the result: ``make train`` gives validation perplexity 534.2 with AVX-512
+kernels and 533.1 with AVX2 ones, same seed, same machine (2-core AMD EPYC, 2026-11-24). MKL's matrix products
+dispatch the same way (on Intel CPUs with AVX-512 they take AVX-512 kernels; on this AMD CPU they already took the
+AVX2 path: MKL_ENABLE_INSTRUCTIONS=AVX2 changed nothing), so its conditional-reproducibility branch is pinned to
+AVX2 as well (MKL_CBWR=AVX2 gave 533.1 here too). With both pinned, a seed's numbers depend on the torch version,
+the thread count and the seed, not on which x86-64 CPU ran them. ``ATTNLAB_CPU_KERNELS=native`` keeps the
+libraries' own choice (fastest; the numbers then also depend on the CPU). Both libraries read their setting once,
+at their first kernel: this runs when ``attnlab`` is imported, which the entry points do before importing torch.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+SETTING = "ATTNLAB_CPU_KERNELS"  # portable (default): AVX2 kernels | native: torch's widest
+CHOICES = ("portable", "native")
+
+
+def cpu_has_avx2(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether the CPU reports AVX2 (Linux); elsewhere we cannot tell, and nothing is pinned."""
+    try:
+        return any(line.startswith("flags") and " avx2" in line for line in cpuinfo.read_text().splitlines())
+    except OSError:
+        return False
+
+
+PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}  # ATen's kernels, MKL's reproducible branch
+
+
+def pin_cpu_kernels(environ: os._Environ | dict[str, str] = os.environ) -> dict[str, str]:
+    """Set ``PINNED`` on an x86-64 CPU with AVX2, each unless the user set it (theirs wins), and none with
+    ``ATTNLAB_CPU_KERNELS=native``; returns what was set. A value other than ``CHOICES`` stops with one line."""
+    choice = environ.get(SETTING, "portable")
+    if choice not in CHOICES:
+        raise SystemExit(f"error: {SETTING}: got {choice!r}; allowed: {', '.join(CHOICES)}")
+    if choice == "native" or platform.machine().lower() not in ("x86_64", "amd64") or not cpu_has_avx2():
+        return {}
+    pinned = {key: value for key, value in PINNED.items() if key not in environ}
+    environ.update(pinned)
+    return pinned
+
+
+def kernel_record() -> dict[str, object]:
+    """What a run's numbers depend on besides its config and seed, for ``results.json``."""
+    import torch
+
+    return {
+        "torch": torch.__version__,
+        "cpu_kernels": torch.backends.cpu.get_cpu_capability(),
+        "mkl_branch": os.environ.get("MKL_CBWR", "auto"),
+        "cpu_threads": torch.get_num_threads(),
+    }

@@ -1,0 +1,407 @@
+"""Every figure attnlab draws, in one style: one function per figure kind, each taking DataFrames or lists and the
+labels a reader needs (table, scale, our model's real size, what a band is) and returning a matplotlib ``Figure``.
+
+It imports nothing else from attnlab, so training, evaluation, tables, experiments and notebooks all call it without
+import cycles; figures are built on ``matplotlib.figure.Figure`` (no pyplot state, no display needed).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import textwrap
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib as mpl
+import pandas as pd
+from cycler import cycler
+from matplotlib.colors import ListedColormap, Normalize
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch, Rectangle
+from matplotlib.ticker import FixedLocator, LogFormatter, MaxNLocator
+
+# Okabe & Ito's colour-blind-safe colours (yellow left out: too pale for lines on white), then three of Paul Tol's
+# that stay apart from them; each series also gets its own marker, so even 10 lines read apart in grey print
+PALETTE = (
+    "#0072B2",
+    "#D55E00",
+    "#009E73",
+    "#CC79A7",
+    "#E69F00",
+    "#56B4E9",
+    "#000000",
+    "#882255",
+    "#999933",
+    "#888888",
+)
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*")
+PAPER_COLOUR = "#000000"
+DPI = 150
+STYLE: dict[str, Any] = {
+    "font.size": 9,
+    "axes.titlesize": 10,
+    "axes.labelsize": 9,
+    "figure.titlesize": 11,
+    "legend.fontsize": 8,
+    "xtick.labelsize": 8,
+    "ytick.labelsize": 8,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "axes.prop_cycle": cycler(color=PALETTE),
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "legend.frameon": False,
+    "savefig.dpi": DPI,
+}
+LOG_SPAN = 20.0  # a log axis once the values on it span this factor (said in the axis label)
+
+
+@contextmanager
+def style() -> Iterator[None]:
+    """The one style: fonts, palette, grid and dpi, for every figure built inside it."""
+    with mpl.rc_context(STYLE):
+        yield
+
+
+def save(fig: Figure, path: Path) -> Path:
+    """Write ``fig`` as PNG at the style's dpi, trimmed to what it draws (legends outside the axes included)."""
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    return path
+
+
+def png_bytes(fig: Figure) -> bytes:
+    """``fig`` as PNG bytes, for a notebook to display without writing a file."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight")
+    return buffer.getvalue()
+
+
+def series_style(index: int) -> dict[str, Any]:
+    """Colour and marker of the ``index``-th series, the same in every panel of a figure."""
+    return {"color": PALETTE[index % len(PALETTE)], "marker": MARKERS[index % len(MARKERS)]}
+
+
+def wrap(text: str, width: int = 40) -> str:
+    return "\n".join(textwrap.wrap(text, width)) or text
+
+
+def parameters_label(parameters: float | None) -> str:
+    """``0.93M params``: a model's real size as the figures print it beside the paper's row name."""
+    if parameters is None or (isinstance(parameters, float) and math.isnan(parameters)):
+        return "size unknown"
+    if parameters < 1e5:
+        return f"{int(parameters):,} params"
+    if parameters >= 1e9:
+        return f"{parameters / 1e9:.1f}B params"
+    return f"{parameters / 1e6:.2g}M params" if parameters < 1e7 else f"{parameters / 1e6:.0f}M params"
+
+
+def row_label(paper_row: str, model: str, parameters: float | None) -> str:
+    """``OPT-125m row: our tiny, 0.93M params``: the paper's row name never stands alone for our model."""
+    return f"{paper_row} row: our {model}, {parameters_label(parameters)}"
+
+
+def wants_log(values: Sequence[float] | pd.Series) -> bool:
+    """True when every value is positive and they span at least ``LOG_SPAN``."""
+    found = [float(v) for v in values if v is not None and not math.isnan(float(v))]
+    return bool(found) and min(found) > 0 and max(found) / min(found) >= LOG_SPAN
+
+
+def plain_log_ticks(axis: Any) -> None:
+    """Log-axis tick labels as plain numbers (``300``, not ``3x10^2``), some minor ones labelled on short ranges."""
+    axis.set_major_formatter(LogFormatter())
+    axis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.5)))
+
+
+def step_ticks(ax: Any, steps: Sequence[int]) -> None:
+    """Integer ticks: at each logged step when there are few, else integer-only automatic ones."""
+    distinct = sorted({int(s) for s in steps})
+    if 0 < len(distinct) <= 10:
+        ax.xaxis.set_major_locator(FixedLocator(distinct))
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 2.5, 5, 10]))
+
+
+def band_label(stat: str, count: int, what: str) -> str:
+    """``band: min-max over 3 seeds``: what a shaded band spans, for the legend."""
+    return f"band: {stat} over {count} {what}"
+
+
+# ------------------------------------------------------------------------------------------------ curves
+@dataclass(frozen=True)
+class Panel:
+    """One panel of ``curves_figure``: the rows of ``curves`` whose ``panel`` column is ``key``; ``thresholds``
+    (grey, dashed) and ``paper`` (black, dotted) are horizontal reference lines on the same axis, as ``(y, label)``."""
+
+    key: str
+    title: str
+    ylabel: str
+    log: bool = False
+    thresholds: tuple[tuple[float, str], ...] = ()
+    paper: tuple[tuple[float, str], ...] = ()
+
+
+def curves_figure(
+    curves: pd.DataFrame,
+    panels: Sequence[Panel],
+    title: str,
+    *,
+    xlabel: str = "optimizer steps done",
+    band: str = "min-max",
+    order: Sequence[str] | None = None,
+    columns: int = 2,
+) -> Figure:
+    """Values against steps, one panel per ``Panel``: columns ``panel``, ``series``, ``seed``, ``step``, ``value``.
+    Each series is its mean over seeds, with a band where it has more than one seed: ``band`` ``"min-max"`` or
+    ``"std"`` (± 1 std). Integer step ticks; one legend beside the panels naming each series' seeds and the band."""
+    if band not in ("min-max", "std"):
+        raise ValueError(f"band: min-max or std (got {band})")
+    series = list(order) if order is not None else sorted(curves["series"].unique())
+    series += [s for s in sorted(curves["series"].unique()) if s not in series]
+    columns = min(columns, len(panels))
+    rows = math.ceil(len(panels) / columns)
+    with style():
+        fig = Figure(figsize=(5.2 * columns, 3.3 * rows + 1.0), layout="constrained")
+        axes = fig.subplots(rows, columns, squeeze=False).flatten()
+        handles: dict[str, Any] = {}
+        seeds_per_series: dict[str, int] = {}
+        for ax, panel in zip(axes, panels, strict=False):
+            part = curves[curves["panel"] == panel.key]
+            for index, name in enumerate(series):
+                curve = part[part["series"] == name]
+                if curve.empty:
+                    continue
+                stats = curve.groupby("step")["value"].agg(["mean", "std", "min", "max", "count"])
+                steps = stats.index.to_numpy()
+                look = series_style(index)
+                (line,) = ax.plot(steps, stats["mean"], color=look["color"], marker=look["marker"], markersize=3)
+                handles.setdefault(name, line)
+                seeds = int(curve["seed"].nunique())
+                seeds_per_series[name] = max(seeds, seeds_per_series.get(name, 0))
+                if seeds > 1:
+                    spread = stats["std"].fillna(0.0)
+                    low, high = (
+                        (stats["min"], stats["max"])
+                        if band == "min-max"
+                        else (stats["mean"] - spread, stats["mean"] + spread)
+                    )
+                    ax.fill_between(steps, low, high, color=look["color"], alpha=0.18, linewidth=0)
+            for y, label in panel.thresholds:
+                handles[label] = ax.axhline(y, color="#777777", linestyle="--", linewidth=1)
+            for y, label in panel.paper:
+                handles[label] = ax.axhline(y, color=PAPER_COLOUR, linestyle=":", linewidth=1.5)
+            ax.set_title(panel.title)
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(panel.ylabel + (" (log scale)" if panel.log else ""))
+            if panel.log:
+                ax.set_yscale("log")
+                plain_log_ticks(ax.yaxis)
+            step_ticks(ax, part["step"])
+        for ax in axes[len(panels) :]:
+            ax.set_visible(False)
+        labels = []
+        for name in handles:
+            seeds = seeds_per_series.get(name)
+            labels.append(f"{name} ({seeds} seed{'s' if seeds != 1 else ''})" if seeds else name)
+        entries = list(handles.values())
+        most = max(seeds_per_series.values(), default=1)
+        if most > 1:
+            stat = "min-max" if band == "min-max" else "± 1 std"
+            entries.append(Patch(color="#999999", alpha=0.35))
+            labels.append(f"line: mean over seeds\n{band_label(stat, most, 'seeds')}")
+        fig.legend(entries, labels, loc="outside lower center", ncols=min(3, len(entries)))
+        fig.suptitle(title)
+    return fig
+
+
+# ------------------------------------------------------------------------------------------------ pruning
+ZOOM = 0.25  # pruning_figure adds a zoomed row when some panel's own range is below this share of the shared one
+
+
+def _pruning_orders(ax: Any, frame: pd.DataFrame, legend: dict[str, tuple[Any, ...]]) -> None:
+    """Per order, the mean over its rows (seeds, random orders) at each number of heads masked, with their min-max
+    band; the legend says what each band spans."""
+    for index, order in enumerate(("importance", "random")):
+        rows = frame[frame["order"] == order]
+        if rows.empty:
+            continue
+        by_step = rows.groupby("heads_pruned")["perplexity"]
+        x = by_step.mean().index.to_numpy()
+        look = series_style(index)
+        (line,) = ax.plot(x, by_step.mean(), color=look["color"], marker=look["marker"], markersize=4)
+        seeds = int(rows["seed"].nunique()) if "seed" in rows else 1
+        orders = int(rows["repeat"].nunique()) if order == "random" and "repeat" in rows else 1
+        parts = (f"{seeds} seeds" if seeds > 1 else "", f"{orders} random orders" if orders > 1 else "")
+        over = " x ".join(part for part in parts if part)
+        name = "importance order (least important first)" if order == "importance" else "random order"
+        if over:
+            ax.fill_between(x, by_step.min(), by_step.max(), color=look["color"], alpha=0.18, linewidth=0)
+            legend.setdefault(f"{name}: mean, band min-max over {over}", (line, Patch(color=look["color"], alpha=0.3)))
+        else:
+            legend.setdefault(name, (line,))
+    ax.xaxis.set_major_locator(FixedLocator(sorted(frame["heads_pruned"].unique())))
+
+
+def pruning_figure(panels: Mapping[str, pd.DataFrame], heads: int, title: str) -> Figure:
+    """Perplexity against the number of heads actually masked, one panel per model (``title -> rows`` with
+    ``order``, ``heads_pruned``, ``perplexity`` and optionally ``seed`` and ``repeat``), all on one y axis so the
+    models compare; where that flattens a model's curves, a second row zooms into each panel's own range (said in
+    its label)."""
+    values = pd.concat([frame["perplexity"] for frame in panels.values()])
+    log = values.max() >= LOG_SPAN / 4 * values.min() > 0
+    spans = [frame["perplexity"].max() - frame["perplexity"].min() for frame in panels.values()]
+    zoom = len(panels) > 1 and min(spans) < ZOOM * (values.max() - values.min())
+    with style():
+        fig = Figure(figsize=(4.2 * len(panels) + 0.4, 3.3 * (1 + zoom) + 0.6), layout="constrained")
+        grid = fig.subplots(1 + zoom, len(panels), squeeze=False, sharex="col")
+        legend: dict[str, tuple[Any, ...]] = {}
+        for column, (panel_title, frame) in enumerate(panels.items()):
+            top = grid[0][column]
+            _pruning_orders(top, frame, legend)
+            top.set_title(panel_title)
+            if column:
+                top.sharey(grid[0][0])
+                top.tick_params(labelleft=False)
+            if zoom:
+                _pruning_orders(grid[1][column], frame, legend)
+                grid[1][column].set_title("zoom: this panel's own y range", fontsize=8)
+            grid[-1][column].set_xlabel(f"heads masked (of {heads})")
+        shared = "\nsame axis for every panel" if zoom else ""
+        grid[0][0].set_ylabel("perplexity, held-out text" + (" (log scale)" if log else "") + shared)
+        if log:
+            grid[0][0].set_yscale("log")
+            plain_log_ticks(grid[0][0].yaxis)
+        if zoom:
+            grid[1][0].set_ylabel("perplexity (zoomed)")
+        fig.legend([tuple(h) for h in legend.values()], list(legend), loc="outside lower center", ncols=2)
+        fig.suptitle(title)
+    return fig
+
+
+# ------------------------------------------------------------------------------------------------ tables
+def table_figure(
+    block: pd.DataFrame,
+    title: str,
+    variant_labels: Mapping[str, str] | None = None,
+    caption: str = "",
+    columns: int = 3,
+) -> Figure:
+    """Ours beside the paper's, one panel per table column that ran, on one axis: our mean as a dot with ± 1 std
+    over seeds, the paper's value (or its stated range) as a black diamond just below it. A log axis, said in its
+    label, once ours and the paper's span ``LOG_SPAN``. ``block``: rows of a tidy table CSV (``row``, ``attention``,
+    ``column``, ``metric``, ``standin``, ``seeds``, ``mean``, ``std``, ``paper``, ``paper_low``, ``paper_high``)."""
+    variant_labels = variant_labels or {}
+    ran = block.dropna(subset=["mean"])
+    names = list(dict.fromkeys(ran["column"]))
+    several_rows = ran["row"].nunique() > 1
+    categories = list(dict.fromkeys(zip(ran["row"], ran["attention"], strict=True)))
+    columns = min(columns, len(names))
+    rows = math.ceil(len(names) / columns)
+    height = 0.32 * len(categories) + 1.6
+    with style():
+        fig = Figure(figsize=(4.0 * columns + 1.6, height * rows + 1.0), layout="constrained")
+        axes = fig.subplots(rows, columns, squeeze=False, sharey=True).flatten()
+        seeds = int(ran["seeds"].max())
+        for ax, name in zip(axes, names, strict=False):
+            part = ran[ran["column"] == name].set_index(["row", "attention"])
+            paper = block[block["column"] == name].set_index(["row", "attention"])
+            shown: list[float] = []
+            for y, key in enumerate(categories):
+                if key in part.index:
+                    ours = part.loc[key]
+                    std = 0.0 if pd.isna(ours["std"]) else float(ours["std"])
+                    ax.errorbar(ours["mean"], y + 0.15, xerr=std, fmt="o", color=PALETTE[0], capsize=3, markersize=5)
+                    shown += [float(ours["mean"]) - std, float(ours["mean"]) + std, float(ours["mean"])]
+                if key not in paper.index:
+                    continue
+                found = paper.loc[key]
+                if not pd.isna(found["paper"]):
+                    ax.plot(found["paper"], y - 0.15, "D", color=PAPER_COLOUR, markersize=5)
+                    shown.append(float(found["paper"]))
+                elif not pd.isna(found["paper_low"]):
+                    low, high = float(found["paper_low"]), float(found["paper_high"])
+                    ax.plot([low, high], [y - 0.15] * 2, color=PAPER_COLOUR, linewidth=2, marker="D", markersize=4)
+                    shown += [low, high]
+            first = part.iloc[0]
+            ax.set_title(f"{name} (ours: {first['metric']})")
+            ax.set_xlabel(wrap(str(first["standin"] if isinstance(first["standin"], str) else first["metric"]), 45))
+            if wants_log([v for v in shown if v > 0]) and min(shown) > 0:
+                ax.set_xscale("log")
+                ax.set_xlabel(ax.get_xlabel() + "\n(log scale: ours and the paper's differ by orders)")
+        for ax in axes[len(names) :]:
+            ax.set_visible(False)
+        labels = [
+            variant_labels.get(attention, attention) + (f"\n({row} row)" if several_rows else "")
+            for row, attention in categories
+        ]
+        axes[0].set_yticks(range(len(categories)), labels)
+        axes[0].set_ylim(len(categories) - 0.5, -0.5)
+        for ax in axes[::columns]:
+            ax.set_ylabel("variant")
+        ours_label = f"ours: mean, ± 1 std over {seeds} seeds" if seeds > 1 else "ours (1 seed)"
+        entries = [
+            Line2D([], [], color=PALETTE[0], marker="o", linestyle="none"),
+            Line2D([], [], color=PAPER_COLOUR, marker="D", linestyle="none"),
+        ]
+        fig.legend(entries, [ours_label, "paper (a line: the range it states)"], loc="outside lower center", ncols=2)
+        fig.suptitle(title + (f"\n{caption}" if caption else ""))
+    return fig
+
+
+# ------------------------------------------------------------------------------------------------ text heatmap
+# magma without its black and white ends, so text on every cell stays readable
+HEAT = ListedColormap(mpl.colormaps["magma"]([0.05 + 0.9 * i / 255 for i in range(256)]), name="magma_mid")
+
+
+def value_colours(values: Sequence[float]) -> tuple[list[tuple[float, ...]], float, float]:
+    """A colour per value (dark for the lowest), and the value range the colour bar spans."""
+    low, high = min(values), max(values)
+    return [HEAT((v - low) / max(high - low, 1e-12)) for v in values], low, high
+
+
+def text_colour(rgba: Sequence[float]) -> str:
+    """Black on light cells, white on dark ones."""
+    return "black" if 0.299 * rgba[0] + 0.587 * rgba[1] + 0.114 * rgba[2] > 0.5 else "white"
+
+
+def text_heatmap_figure(
+    pieces: Sequence[str], values: Sequence[float], title: str, value_label: str, columns: int = 100
+) -> Figure:
+    """Text on a monospace character grid, each token's run of cells coloured by its value, with a colour bar that
+    names the value and its range."""
+    colours, low, high = value_colours(values)
+    cells = []  # (column, row, text, colour) per run of a token's characters on one line
+    col = row = 0
+    for piece, rgba in zip(pieces, colours, strict=True):
+        for k, line in enumerate(piece.replace("\t", " ").split("\n")):
+            if k:
+                col, row = 0, row + 1
+            if col + len(line) > columns and col:
+                col, row = 0, row + 1
+            if line:
+                cells.append((col, row, line, rgba))
+                col += len(line)
+    rows = row + 1
+    fontsize = 10.0
+    char_in, line_in = 0.6 * fontsize / 72, 1.5 * fontsize / 72  # DejaVu Sans Mono advance ~0.6 em
+    width, height = columns * char_in + 0.4, rows * line_in + 1.4  # with room for the title and the colour bar
+    with style():
+        fig = Figure(figsize=(width, height))
+        ax = fig.add_axes((0.2 / width, 0.8 / height, 1 - 0.4 / width, 1 - 1.4 / height))
+        ax.set_xlim(0, columns)
+        ax.set_ylim(rows, 0)
+        ax.axis("off")
+        for col, row, line, rgba in cells:
+            ax.add_patch(Rectangle((col, row), len(line), 1, facecolor=rgba, edgecolor="none"))
+            ax.text(col, row + 0.5, line, family="monospace", fontsize=fontsize, va="center", color=text_colour(rgba))
+        bar_axes = fig.add_axes((0.25, 0.3 / height, 0.5, 0.12 / height))
+        scale = mpl.cm.ScalarMappable(Normalize(low, high), HEAT)
+        bar = fig.colorbar(scale, cax=bar_axes, orientation="horizontal")
+        bar.set_label(f"{value_label}; darker = lower", fontsize=fontsize)
+        fig.suptitle(title, fontsize=fontsize + 1, y=1 - 0.1 / height, va="top")
+    return fig

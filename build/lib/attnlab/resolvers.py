@@ -1,0 +1,60 @@
+"""What conf/ needs before Hydra composes anything, registered on import: OmegaConf resolvers and the config
+nodes generated from the dataclasses (``attention=<preset>``, the model defaults every ``model=`` preset extends)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from datetime import datetime
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from attnlab.digest import digest
+
+# One id per process: a timestamp plus random hex, so two runs started in the same second never share a
+# directory, while every interpolation inside one process (hydra.run.dir, a sweep's dir) sees the same id.
+RUN_ID = f"{datetime.now():%Y-%m-%d_%H-%M-%S}_{secrets.token_hex(3)}"
+
+
+def project_root(*, _root_: DictConfig) -> str:
+    """``${project_root:}``: the repository that holds the entry point's config directory (``conf/``, or the table
+    engine's ``experiments/conf/``): its nearest ancestor with a ``pyproject.toml``, else its parent. Outputs and the
+    cache land there whichever directory a command starts from (the lightning-hydra-template anchors them to its
+    project root the same way). Hydra records the config directory as its ``main`` config source; the current
+    directory is the fallback for a config composed without Hydra's runtime information."""
+    sources = OmegaConf.select(_root_, "hydra.runtime.config_sources", default=None)
+    if sources is None and HydraConfig.initialized():  # inside the job: the task's config has no hydra node
+        sources = HydraConfig.get().runtime.config_sources
+    for source in sources or []:
+        if source.provider == "main" and source.schema == "file":
+            config_dir = Path(source.path).resolve()
+            repository = next((d for d in config_dir.parents if (d / "pyproject.toml").is_file()), config_dir.parent)
+            return str(repository)
+    return os.getcwd()
+
+
+def job_dirname(num: int, overrides: str) -> str:
+    """``${job_dirname:num,overrides}``: a sweep job's directory name, ``<num>_<overrides>``; past 120 characters its
+    first 100 and a hash of the whole, so a sweep over many or long overrides never passes a file name's 255 bytes."""
+    name = f"{num}_{overrides}"
+    if len(name.encode()) <= 120:
+        return name
+    return f"{name.encode()[:100].decode(errors='ignore')}_{digest(name, 10)}"
+
+
+if not OmegaConf.has_resolver("job_dirname"):
+    OmegaConf.register_new_resolver("job_dirname", job_dirname)
+if not OmegaConf.has_resolver("run_id"):
+    OmegaConf.register_new_resolver("run_id", lambda: RUN_ID)
+if not OmegaConf.has_resolver("project_root"):
+    OmegaConf.register_new_resolver("project_root", project_root)
+
+from attnlab.attention import store_presets  # noqa: E402
+from attnlab.models.config import store_defaults  # noqa: E402
+from attnlab.tables.cells import register as register_cell_dir  # noqa: E402  (${cell_dir:}: a table cell's name)
+
+register_cell_dir()
+store_presets()
+store_defaults()

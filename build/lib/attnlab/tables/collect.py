@@ -1,0 +1,397 @@
+"""From per-cell evaluation records to the finished table: whether the baseline shows the paper's phenomenon at all,
+ours (mean ± std over seeds) beside the paper's, and each variant's paired difference with the baseline (same model,
+same seed), a 95% t-interval and a verdict, raw and Holm-corrected over the table's family of comparisons."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from scipy import stats
+
+from attnlab.runs import write_atomic
+
+REPRODUCES, OPPOSITE, INCONCLUSIVE = "reproduces", "opposite", "inconclusive"
+NO_PAPER_VALUE = "no paper value"  # the paper gives no number for the variant or the baseline: nothing to judge
+
+
+def paired_interval(diffs: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """Mean of the paired differences and its t-interval (infinite with fewer than two seeds)."""
+    n = len(diffs)
+    mean = sum(diffs) / n
+    if n < 2:
+        return mean, -math.inf, math.inf
+    sd = pd.Series(diffs).std(ddof=1)
+    half = stats.t.ppf(0.5 + confidence / 2, n - 1) * sd / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def paired_p_value(diffs: list[float]) -> float:
+    """Two-sided p-value of the paired t-test that the mean difference is 0: the test behind ``paired_interval``
+    (p < 0.05 exactly when its 95% interval excludes 0). 1 with fewer than two seeds."""
+    n = len(diffs)
+    mean = sum(diffs) / n
+    if n < 2:
+        return 1.0
+    sd = pd.Series(diffs).std(ddof=1)
+    if sd == 0:
+        return 1.0 if mean == 0 else 0.0
+    return float(2 * stats.t.sf(abs(mean) / (sd / math.sqrt(n)), n - 1))
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values: the k-th smallest times (m - k + 1), kept monotone and at most 1. Valid
+    under any dependence between the tests (a cell's fp and W8A8 perplexities are far from independent)."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    adjusted, running = [1.0] * len(p_values), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def verdict(low: float, high: float, paper_diff: float) -> str:
+    """Reproduces when the interval excludes 0 on the paper's side, opposite when on the other side."""
+    if paper_diff == 0 or (low <= 0 <= high):
+        return INCONCLUSIVE
+    return REPRODUCES if (low > 0) == (paper_diff > 0) else OPPOSITE
+
+
+def column_map(table: dict[str, Any], scale: str) -> list[dict[str, Any]]:
+    """The paper's columns with the metric that stands for each at ``scale`` (``ours`` None: not run); at paper scale
+    a column's own ``ours`` (default: its paper name)."""
+    standins = {} if scale == "paper" else table.get("standins") or {}
+    mapped = []
+    for column in table["columns"]:
+        standin = standins.get(column["paper"])
+        ours = standin["ours"] if standin else (column.get("ours", column["paper"]) if scale == "paper" else None)
+        mapped.append({**column, "ours": ours, "standin": standin["standin"] if standin else None})
+    return mapped
+
+
+def paper_value(
+    table: dict[str, Any], stage: str, row: str, attention: str, index: int
+) -> float | tuple[float, float] | None:
+    """The paper's number, or ``(low, high)`` where it states only a range (Qiu et al.'s mean gate "about
+    0.11-0.25"): shown beside ours, never differenced into a verdict."""
+    values = (table.get("paper") or {}).get(stage, {}).get(row, {}).get(attention)
+    value = values[index] if values else None
+    if value is None:
+        return None
+    if isinstance(value, list | tuple):
+        low, high = value
+        return float(low), float(high)
+    return float(value)
+
+
+def scalar_paper_value(table: dict[str, Any], stage: str, row: str, attention: str, index: int) -> float | None:
+    value = paper_value(table, stage, row, attention, index)
+    return None if isinstance(value, tuple) else value
+
+
+# Metrics computed from a record's own columns when it has their inputs (a table's phenomenon checks read them).
+DERIVED: dict[str, tuple[tuple[str, ...], Any]] = {
+    "w8a8_gap_pct": (("perplexity", "w8a8_perplexity"), lambda r: 100 * (r["w8a8_perplexity"] / r["perplexity"] - 1)),
+    "ppl_over_unigram": (("val_ppl", "unigram_ppl"), lambda r: r["val_ppl"] / r["unigram_ppl"]),
+}
+PRESENT, ABSENT, NOT_MEASURED = "present", "absent", "not measured"
+
+
+def with_derived(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each record with the ``DERIVED`` metrics whose inputs it has."""
+    out = []
+    for record in records:
+        extra = {
+            name: compute(record)
+            for name, (inputs, compute) in DERIVED.items()
+            if all(record.get(key) is not None and not pd.isna(record[key]) for key in inputs)
+        }
+        out.append(record | extra)
+    return out
+
+
+def phenomena(records: list[dict[str, Any]], table: dict[str, Any]) -> pd.DataFrame:
+    """The table's ``phenomena`` checks: per check, stage and row, the checked variant's (default: the baseline's)
+    mean over seeds of each condition's metric against its threshold. Present when every condition holds; not
+    measured when a metric is missing at this scale, or the variant did not run there."""
+    frame = pd.DataFrame(with_derived(records))
+    rows = []
+    for check in table.get("phenomena") or []:
+        named = check.get("variant", table["baseline"])  # or a list: the first of them the table compares
+        candidates = [named] if isinstance(named, str) else list(named)
+        variant = next((v for v in candidates if v in table.get("variants", [])), candidates[0])
+        stages = check.get("stages")
+        for (stage, row), cells in frame.groupby(["stage", "row"], sort=False):
+            if stages and stage not in stages:
+                continue
+            group = cells[cells["attention"] == variant]  # none at this scale: the check is "not measured"
+            parts, holds = [], []
+            for condition in check["conditions"]:
+                metric = condition["metric"]
+                values = group[metric].dropna() if metric in group else pd.Series(dtype=float)
+                bound, at_least = (
+                    (condition["at_least"], True) if "at_least" in condition else (condition["at_most"], False)
+                )
+                sign = ">=" if at_least else "<="
+                if not len(values):
+                    parts.append(f"{metric} not measured (needs {sign} {bound:g})")
+                    holds.append(None)
+                    continue
+                value = float(values.mean())
+                holds.append(value >= bound if at_least else value <= bound)
+                parts.append(f"{metric} {value:.4g} ({sign} {bound:g} needed; {len(values)} seed(s))")
+            status = NOT_MEASURED if None in holds else PRESENT if all(holds) else ABSENT
+            rows.append(
+                {"stage": stage, "row": row, "phenomenon": check["name"], "variant": variant, "status": status}
+                | {"evidence": "; ".join(parts)}
+            )
+    return pd.DataFrame(rows, columns=["stage", "row", "phenomenon", "variant", "status", "evidence"])
+
+
+def phenomena_markdown(checks: pd.DataFrame, table: dict[str, Any]) -> list[str]:
+    """The phenomenon lines that open a table, with what they mean for the verdicts below them."""
+    if not len(checks):
+        return []
+    lines = ["## Is the paper's phenomenon there? (mean over seeds)", ""]
+    for check in checks.itertuples(index=False):
+        lines.append(
+            f"- {check.phenomenon} ({check.stage}, {check.row}, {check.variant}): **{check.status}**: {check.evidence}"
+        )
+    sources = [f"  - {c['name']}: {c['source']}" for c in table.get("phenomena") or [] if c.get("source")]
+    lines += ["", "Thresholds and why (the table config's `phenomena`):", *sources] if sources else []
+    if (checks["status"] != PRESENT).any():
+        lines += [
+            "",
+            "Where the phenomenon is absent (or not measured) the verdicts below are read in that light: a variant "
+            "cannot fix what the baseline does not show, so an inconclusive or opposite verdict there says little "
+            "about the paper's claim.",
+        ]
+    return [*lines, ""]
+
+
+def summarise(records: list[dict[str, Any]], table: dict[str, Any], scale: str) -> pd.DataFrame:
+    """One row per (stage, row, attention, paper column): our mean, std and seed count, and the paper's value."""
+    frame = pd.DataFrame(records)
+    rows = []
+    for (stage, row, attention), group in frame.groupby(["stage", "row", "attention"], sort=False):
+        for index, column in enumerate(column_map(table, scale)):
+            ours = column["ours"]
+            values = group[ours].dropna() if ours in group else pd.Series(dtype=float)
+            paper = paper_value(table, stage, row, attention, index)
+            low, high = paper if isinstance(paper, tuple) else (paper, paper)
+            rows.append(
+                {"stage": stage, "row": row, "model": group["model"].iloc[0], "attention": attention}
+                | {"column": column["paper"], "metric": ours, "standin": column["standin"], "seeds": len(values)}
+                | {"mean": values.mean() if len(values) else None}
+                | {"std": values.std(ddof=1) if len(values) > 1 else None}
+                | {"paper": None if isinstance(paper, tuple) else paper, "paper_low": low, "paper_high": high}
+            )
+    return pd.DataFrame(rows)
+
+
+def effects(records: list[dict[str, Any]], table: dict[str, Any], scale: str) -> pd.DataFrame:
+    """Each variant minus the baseline, paired by seed, per stage, row and column that ran; with its verdict."""
+    frame = pd.DataFrame(records)
+    baseline = table["baseline"]
+    rows = []
+    for index, column in enumerate(column_map(table, scale)):
+        ours = column["ours"]
+        if ours is None or ours not in frame:
+            continue
+        for (stage, row), group in frame.groupby(["stage", "row"], sort=False):
+            by_seed = group.pivot_table(index="seed", columns="attention", values=ours)
+            for attention in (v for v in table["variants"] if v != baseline):
+                if attention not in by_seed or baseline not in by_seed:
+                    continue
+                diffs = (by_seed[attention] - by_seed[baseline]).dropna().tolist()
+                if not diffs:
+                    continue
+                paper_variant = scalar_paper_value(table, stage, row, attention, index)
+                paper_base = scalar_paper_value(table, stage, row, baseline, index)
+                paper_diff = paper_variant - paper_base if None not in (paper_variant, paper_base) else None
+                mean, low, high = paired_interval(diffs)
+                base = by_seed[baseline].mean()
+                p_value = paired_p_value(diffs)
+                rows.append(
+                    {"stage": stage, "row": row, "attention": attention, "column": column["paper"], "metric": ours}
+                    | {"seeds": len(diffs), "diff": mean, "ci_low": low, "ci_high": high, "p": p_value}
+                    | {"paper_diff": paper_diff}
+                    | {"diff_pct": 100 * mean / base if base else None}
+                    | {"paper_pct": 100 * paper_diff / paper_base if paper_diff is not None and paper_base else None}
+                    | {"verdict": NO_PAPER_VALUE if paper_diff is None else verdict(low, high, paper_diff)}
+                )
+    return corrected(pd.DataFrame(rows, columns=EFFECT_COLUMNS[:-2]))
+
+
+EFFECT_COLUMNS = ["stage", "row", "attention", "column", "metric", "seeds", "diff", "ci_low", "ci_high", "p"]
+EFFECT_COLUMNS += ["paper_diff", "diff_pct", "paper_pct", "verdict", "p_holm", "verdict_holm"]
+
+
+def corrected(effect: pd.DataFrame) -> pd.DataFrame:
+    """Holm over the table's family: every comparison the paper gives a direction for (one per variant, column,
+    stage and row). A verdict survives when its adjusted p is below 0.05; otherwise it becomes inconclusive."""
+    effect = effect.assign(p_holm=None, verdict_holm=effect["verdict"])
+    judged = effect.index[(effect["verdict"] != NO_PAPER_VALUE) & (effect["paper_diff"] != 0)]
+    if len(judged):
+        adjusted = holm(effect.loc[judged, "p"].tolist())
+        effect.loc[judged, "p_holm"] = adjusted
+        survives = [a < 0.05 for a in adjusted]
+        effect.loc[judged, "verdict_holm"] = [
+            v if keep else INCONCLUSIVE for v, keep in zip(effect.loc[judged, "verdict"], survives, strict=True)
+        ]
+    return effect
+
+
+def percent(value: Any) -> str:
+    """A relative difference (% of the baseline) for the effects table; ``-`` where there is none."""
+    return "-" if value is None or pd.isna(value) else f"{value:+.2f}%"
+
+
+def _cell(mean: Any, std: Any) -> str:
+    if mean is None or pd.isna(mean):
+        return "-"
+    return f"{mean:.3f}" if std is None or pd.isna(std) else f"{mean:.3f} ± {std:.3f}"
+
+
+def paper_cell(found: pd.Series) -> str:
+    """``5.761``, a stated range ``0.110-0.250``, or ``-`` where the paper gives no number."""
+    if not pd.isna(found["paper"]):
+        return f"{found['paper']:.3f}"
+    if not pd.isna(found["paper_low"]):
+        return f"{found['paper_low']:.3f}-{found['paper_high']:.3f}"
+    return "-"
+
+
+def variant_label(table: dict[str, Any], attention: str) -> str:
+    """``temp_q (Q)``: our attention= name with the paper's label for it, when the table gives one."""
+    paper_name = (table.get("paper_variant_names") or {}).get(attention)
+    return f"{attention} ({paper_name})" if paper_name and paper_name != attention else attention
+
+
+def to_markdown(
+    summary: pd.DataFrame, effect: pd.DataFrame, table: dict[str, Any], scale: str, checks: pd.DataFrame | None = None
+) -> str:
+    """The table as Markdown: whether the phenomenon is there, ours beside the paper's per column that ran, the
+    columns' provenance, the verdicts."""
+    columns = column_map(table, scale)
+    ran = [c for c in columns if c["ours"] is not None]
+    lines = [f"# {table['title']} ({scale} scale)", ""]
+    lines += [f"- {note}" for note in table.get("notes") or []] + ([""] if table.get("notes") else [])
+    lines += phenomena_markdown(checks, table) if checks is not None else []
+    for stage, block in summary.groupby("stage", sort=False):
+        wide = []
+        for (row, attention), group in block.groupby(["row", "attention"], sort=False):
+            label = variant_label(table, attention)
+            entry = {"stage": stage, "row": row, "model": group["model"].iloc[0], "attention": label}
+            for column in ran:
+                found = group[group["column"] == column["paper"]].iloc[0]
+                entry[f"{column['paper']} (ours)"] = _cell(found["mean"], found["std"])
+                entry[f"{column['paper']} (paper)"] = paper_cell(found)
+            wide.append(entry)
+        lines += [f"## {stage}", "", pd.DataFrame(wide).to_markdown(index=False), ""]
+    seeds = int(summary["seeds"].max()) if len(summary) else 0
+    lines += ["## Columns", "", f"Ours: mean ± std over {seeds} seed(s) of the last checkpoint.", ""]
+    for column in columns:
+        if column["ours"] is None:
+            lines.append(f"- {column['paper']}: not run at {scale} scale")
+        elif column["standin"]:
+            lines.append(f"- {column['paper']}: stand-in `{column['ours']}` ({column['standin']})")
+        else:
+            lines.append(f"- {column['paper']}: `{column['ours']}`")
+    lines += ["", f"## Each variant against {table['baseline']} (paired by seed, 95% t-interval)", ""]
+    lines += ["diff % and paper %: the difference as a share of the baseline's value (ours: its mean over seeds).", ""]
+    lines += [
+        "p: the paired t-test behind the interval; Holm p: adjusted over every comparison the paper gives a direction "
+        "for in this table (the verdict (Holm) column: a verdict whose Holm p is not below 0.05 becomes inconclusive).",
+        "",
+    ]
+    if len(effect):
+        shown = effect.assign(
+            interval=[f"[{lo:+.3f}, {hi:+.3f}]" for lo, hi in zip(effect["ci_low"], effect["ci_high"], strict=True)],
+            ours_pct=[percent(v) for v in effect["diff_pct"]],
+            paper_pct=[percent(v) for v in effect["paper_pct"]],
+        )[["stage", "row", "attention", "column", "seeds", "diff", "interval", "ours_pct", "paper_diff", "paper_pct"]]
+        shown = shown.rename(columns={"ours_pct": "diff %", "paper_pct": "paper %"}).assign(
+            attention=[variant_label(table, a) for a in effect["attention"]],
+            p=effect["p"],
+            verdict=effect["verdict"],
+            **{"Holm p": pd.Series([None if pd.isna(v) else float(v) for v in effect["p_holm"]], dtype=object)},
+            **{"verdict (Holm)": effect["verdict_holm"]},
+        )
+        formats = [".3g" if "p" in name.split() else "+.3f" for name in shown.columns]
+        lines.append(shown.to_markdown(index=False, floatfmt=formats, missingval="-"))
+        family = int(effect["p_holm"].notna().sum())
+        for label, key in (
+            ("Verdicts", "verdict"),
+            (f"After Holm over the {family} judged comparisons", "verdict_holm"),
+        ):
+            counts = effect[key].value_counts().to_dict()
+            lines += ["", f"{label}: " + ", ".join(f"{k} {v}" for k, v in counts.items())]
+    return "\n".join(lines) + "\n"
+
+
+def curves_markdown(curves: pd.DataFrame, table: dict[str, Any]) -> str:
+    """Each ``curves`` metric while training: mean over seeds per variant at each logged step, one table per metric
+    and stage (the full points are in ``curves.csv``)."""
+    lines = ["## While training (mean over seeds; every point in curves.csv)", ""]
+    for (metric, stage), group in curves.groupby(["metric", "stage"], sort=False):
+        wide = group.pivot_table(index="step", columns="attention", values="value", aggfunc="mean", sort=False)
+        wide.columns = [variant_label(table, a) for a in wide.columns]
+        lines += [f"### {metric} ({stage})", "", wide.reset_index().to_markdown(index=False, floatfmt=".4g"), ""]
+    return "\n".join(lines) + "\n"
+
+
+def write(
+    records: list[dict[str, Any]],
+    table: dict[str, Any],
+    scale: str,
+    out_dir: Path,
+    wandb_cfg: dict[str, Any] | None = None,
+    curves: pd.DataFrame | None = None,
+    sections: Sequence[str] = (),
+) -> str:
+    """Write ``<table>.md``, ``<table>.csv`` (tidy), ``effects.csv`` and ``runs.csv`` under ``out_dir`` (and
+    ``curves.csv`` when the table has training curves; ``sections``: more Markdown a report wrote); with
+    ``wandb_cfg``, also log the table to W&B (``log_wandb``)."""
+    records = with_derived(records)
+    summary, effect, checks = (
+        summarise(records, table, scale),
+        effects(records, table, scale),
+        phenomena(records, table),
+    )
+    markdown = to_markdown(summary, effect, table, scale, checks)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if curves is not None and len(curves):
+        markdown += "\n" + curves_markdown(curves, table)
+        write_atomic(out_dir / "curves.csv", curves.to_csv(index=False))
+    markdown += "".join("\n" + section for section in sections)
+    write_atomic(out_dir / f"{table['name']}.md", markdown)
+    write_atomic(out_dir / f"{table['name']}.csv", summary.to_csv(index=False))
+    write_atomic(out_dir / "effects.csv", effect.to_csv(index=False))
+    write_atomic(out_dir / "phenomena.csv", checks.to_csv(index=False))
+    write_atomic(out_dir / "runs.csv", pd.DataFrame(records).to_csv(index=False))
+    if wandb_cfg is not None:
+        log_wandb(summary, effect, wandb_cfg)
+    return markdown
+
+
+def log_wandb(summary: pd.DataFrame, effect: pd.DataFrame, wandb_cfg: dict[str, Any]) -> None:
+    """The finished table (tidy, as in ``<table>.csv``) and the effects as W&B Tables, in a run of the table's group
+    (job type table) beside its cells' training and evaluation runs; the verdict counts are its summary.
+    ``wandb_cfg``: project, group, tags and dir."""
+    import wandb
+
+    from attnlab.hub import wandb_mode
+
+    def as_table(frame: pd.DataFrame) -> wandb.Table:
+        return wandb.Table(dataframe=frame.astype(object).where(frame.notna(), None))
+
+    Path(wandb_cfg["dir"]).mkdir(parents=True, exist_ok=True)
+    run = wandb.init(**wandb_cfg, job_type="table", name=wandb_cfg["group"], mode=wandb_mode())
+    run.log({"table": as_table(summary), "effects": as_table(effect)})
+    if len(effect):
+        run.summary.update({f"verdicts/{k}": int(v) for k, v in effect["verdict"].value_counts().items()})
+    run.finish()

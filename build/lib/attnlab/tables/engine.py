@@ -1,0 +1,415 @@
+"""The table engine: a table config (``experiments/conf/table/*.yaml``) -> training multiruns -> evaluations -> the
+table.
+
+Each grid cell is a ``train.py`` run in ``<runs_dir>/<cell name>`` (``attnlab.tables.cells``). A stage's pending
+cells go to ``train.py -m`` as Hydra multiruns, so any Hydra launcher (``hydra/launcher=submitit_slurm``,
+``joblib``) spreads them with no code change; finished cells (``results.json`` present) are never relaunched, and
+an interrupted one resumes from its own ``checkpoints/last.ckpt``. Evaluations are cached per (cell, suite).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from attnlab.errors import ConfigError
+from attnlab.runs import LAST_CHECKPOINT, RESULTS_FILE, run_directory_in_use, validate_train_config
+from attnlab.tables.cells import cell_name
+
+log = logging.getLogger(__name__)
+
+RESUME = "ckpt_path=${resume_ckpt:}"  # each job resumes from its own last.ckpt when one is there
+TRAINING_METRICS = (
+    "val_ppl",
+    "unigram_ppl",
+)  # from each cell's results.json: token perplexity and its unigram baseline
+# from its final validation's monitored statistics (results.json's ``monitor``): record column <- logged name
+MONITORED = {"temperature_token_spread": "temperatures/token_spread"}
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class TableInterrupted(Exception):
+    """The table stopped on a signal, to the engine or to one of its training sweeps: nothing more is launched."""
+
+    def __init__(self, signal_number: int) -> None:
+        super().__init__(signal.Signals(signal_number).name)
+        self.signal_number = signal_number
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + self.signal_number
+
+
+def wait_while_trained_elsewhere(cells: list[Cell], poll_seconds: float = 5.0) -> None:
+    """Wait while another process trains one of ``cells`` (a second table that shares it holds its run directory's
+    claim), so a cell is never trained by two processes at once; a cell it finished is then not launched again."""
+    busy = [cell for cell in cells if run_directory_in_use(cell.directory)]
+    if busy:
+        names = ", ".join(cell.directory.name for cell in busy)
+        log.info("Waiting for %s: another process is training it now", names)
+    while any(run_directory_in_use(cell.directory) for cell in busy):
+        time.sleep(poll_seconds)
+
+
+def run_sweep(command: list[str], cwd: Path) -> None:
+    """Run one training sweep to its end. The sweep gets its own process group, so a Ctrl-C at the terminal reaches
+    the engine alone and is passed on once (a second SIGINT would cut short the cell's last checkpoint write); a
+    SIGINT or SIGTERM to the engine is passed on the same way and waited for, so the cell saves its last.ckpt and no
+    training outlives the table. A sweep that a signal stopped (exit status 128 + the signal) stops the table too."""
+    process = subprocess.Popen(command, cwd=cwd, process_group=0)
+    received: list[int] = []
+
+    def forward(signal_number: int, _frame: object) -> None:
+        received.append(signal_number)
+        process.send_signal(signal_number)
+
+    in_main_thread = threading.current_thread() is threading.main_thread()  # only it may set signal handlers
+    previous = {s: signal.signal(s, forward) for s in STOP_SIGNALS} if in_main_thread else {}
+    try:
+        status = process.wait()
+    finally:
+        for signal_number, handler in previous.items():
+            signal.signal(signal_number, handler)
+    stopped_by = received[:1] or [s for s in STOP_SIGNALS if status in (-s, 128 + s)]
+    if stopped_by:
+        raise TableInterrupted(stopped_by[0])
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One training run of a table: a stage, a paper row (``GPT2``) and its model, a variant and a seed."""
+
+    stage: str
+    row: str
+    model: str
+    attention: str
+    seed: int
+    directory: Path
+    overrides: tuple[str, ...] = field(repr=False)
+    cache_dir: str = field(repr=False)  # its data cache (corpus, tokenizer), which evaluation reuses
+    wandb_project: str | None = None  # the W&B project its run logs to (``logger=wandb``), else None
+
+    @property
+    def finished(self) -> bool:
+        return (self.directory / RESULTS_FILE).is_file()
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.directory / LAST_CHECKPOINT
+
+
+@dataclass
+class Engine:
+    """Runs one table at one scale; ``root`` is the repository (``train.py`` and ``conf/``)."""
+
+    table: dict[str, Any]
+    scale: str
+    root: Path
+    runs_dir: Path
+    force: bool = False
+    args: Sequence[str] = ()  # extra train.py overrides for every cell
+    launcher: Sequence[str] = ()  # e.g. hydra/launcher=submitit_slurm hydra.launcher.partition=gpu
+    salt: str = field(default_factory=lambda: time.strftime("%Y%m%d-%H%M%S"))
+
+    def __post_init__(self) -> None:
+        scales = self.table["scales"]
+        if self.scale not in scales:
+            raise ConfigError("scale", f"one of {', '.join(scales)} (got {self.scale})")
+        self.settings: dict[str, Any] = scales[self.scale]
+        rows = self.settings.get("rows") or {}
+        stage_rows = self.settings.get("stage_rows") or {}
+        pairs = [*rows.items(), *(pair for extra in stage_rows.values() for pair in extra.items())]
+        names, models = [name for name, _ in pairs], [model for _, model in pairs]
+        if not rows or len(set(names)) < len(names) or len(set(models)) < len(models):
+            # a row inherited from a shared protocol beside the table's own would report the same cells twice
+            raise ConfigError(
+                f"table.scales.{self.scale}.rows",
+                f"one model per paper row, each model once (got {dict(pairs) or 'none'})",
+            )
+        from attnlab.tables.reports import REPORTS
+
+        for report in self.table.get("reports") or []:
+            if report not in REPORTS:
+                raise ConfigError("table.reports", f"one of {', '.join(REPORTS)} (got {report})")
+
+    # ------------------------------------------------------------------------------------------ the grid
+    def compose(self, overrides: list[str]) -> DictConfig:
+        """``train.yaml`` with ``overrides``, as the job will see it (``hydra.runtime.cwd`` is the repository)."""
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(self.root / "conf"), version_base="1.3"):
+            cfg = compose(config_name="train", overrides=overrides, return_hydra_config=True)
+        with open_dict(cfg):
+            cfg.hydra.runtime.cwd = str(self.root)
+        HydraConfig.instance().set_config(cfg)
+        return cfg
+
+    def stages(self) -> list[str]:
+        """The table's stages that run at this scale (e.g. paper-scale fine-tuning starts from the hub)."""
+        return list(self.settings.get("stages") or self.table["stages"])
+
+    def variants(self, stage: str) -> list[str]:
+        """The stage's own variants (table4 pretrains only the baseline), else the scale's, else the table's."""
+        return (
+            (self.table["stages"][stage] or {}).get("variants")
+            or self.settings.get("variants")
+            or self.table["variants"]
+        )
+
+    def rows(self, stage: str) -> dict[str, str]:
+        """Paper row -> model for the stage: the scale's rows, and ``stage_rows`` that only one stage has (the paper
+        fine-tunes Llama checkpoints it never pretrained)."""
+        return {**self.settings["rows"], **(self.settings.get("stage_rows") or {}).get(stage, {})}
+
+    def stage_overrides(self, stage: str, model: str) -> list[str]:
+        common = [*self.settings.get("overrides", []), *self.settings.get("stage_overrides", {}).get(stage, [])]
+        salt = [f"+cell_salt={self.salt}"] if self.force else []
+        return [o.format(model=model) for o in common] + salt + list(self.args)
+
+    def init_source(self, stage: str, cells: dict[tuple, Cell], row: str, seed: int) -> list[str]:
+        """The fine-tune stage's start: the source stage's baseline cell of this model and seed (cpu/smoke)."""
+        source = (self.table["stages"][stage] or {}).get("init_from")
+        if not source or self.settings.get("init_from", "stage") != "stage":
+            return []
+        start = cells[(source, row, self.table["baseline"], seed)]
+        return [f"model.init_from={start.checkpoint}"]
+
+    def cells(self) -> list[Cell]:
+        """Every cell of every stage, in stage order; composing them also validates the whole table's config."""
+        cells: dict[tuple, Cell] = {}
+        for stage in self.stages():
+            variants = self.variants(stage)
+            for row, model in self.rows(stage).items():
+                for attention in variants:
+                    for seed in self.settings["seeds"]:
+                        overrides = [
+                            *self.stage_overrides(stage, model),
+                            *self.init_source(stage, cells, row, seed),
+                            f"model={model}",
+                            f"attention={attention}",
+                            f"seed={seed}",
+                        ]
+                        cfg = self.compose(overrides)  # composing is slow (~0.5 s): once per cell
+                        # a bad value (ARGS included) stops the table before any launch; devices and start
+                        # checkpoints are the launcher's and the earlier stage's to provide
+                        validate_train_config(cfg, check_machine=False)
+                        wandb = (cfg.get("logger") or {}).get("wandb")
+                        cells[(stage, row, attention, seed)] = Cell(
+                            stage,
+                            row,
+                            model,
+                            attention,
+                            seed,
+                            self.runs_dir / cell_name(cfg),
+                            tuple(overrides),
+                            str(cfg.paths.cache_dir),
+                            wandb.project if wandb else None,
+                        )
+        return list(cells.values())
+
+    # ------------------------------------------------------------------------------------------ training
+    def check_requirements(self) -> None:
+        """Fail within seconds, with one message, when the scale needs GPUs or the hub and they are not there."""
+        needs = self.settings.get("requires") or {}
+        missing = []
+        if needs.get("gpu"):
+            import torch
+
+            if not torch.cuda.is_available():
+                missing.append("GPUs (torch sees none; the paper's runs are bf16 on 8 GPUs)")
+        if needs.get("hub") and not hub_reachable():
+            missing.append(
+                "the Hugging Face hub (offline: HF_HUB_OFFLINE is set or huggingface.co is unreachable) for "
+                "SlimPajama, the official checkpoints and the lm-eval datasets"
+            )
+        if missing:
+            raise ConfigError(
+                "scale",
+                f"{self.scale} needs {' and '.join(missing)}; run it on a GPU machine with internet access "
+                "(or a pre-populated HF cache), or use SCALE=cpu",
+            )
+
+    def launch_groups(self, pending: list[Cell]) -> list[list[Cell]]:
+        """Pending cells as Hydra sweeps (attention x seed products): one per model, or per model and seed
+        when the cells have different starting checkpoints or do not form a product."""
+        groups: dict[tuple, list[Cell]] = {}
+        for cell in pending:
+            key = (cell.stage, cell.model)
+            if any(o.startswith("model.init_from=") for o in cell.overrides):
+                key = (*key, cell.seed)
+            groups.setdefault(key, []).append(cell)
+        result = []
+        for cells in groups.values():
+            attentions = {c.attention for c in cells}
+            seeds = {c.seed for c in cells}
+            if len(cells) == len(attentions) * len(seeds):
+                result.append(cells)
+            else:
+                result += [[c for c in cells if c.seed == s] for s in sorted(seeds)]
+        return result
+
+    @property
+    def wandb_group(self) -> str:
+        """One W&B group per table and scale (``table3-cpu``): its training, evaluation and table runs."""
+        return f"{self.table['name']}-{self.scale}"
+
+    def wandb_tags(self) -> list[str]:
+        return [self.table["name"], f"scale-{self.scale}"]
+
+    def wandb_overrides(self, stage: str) -> list[str]:
+        """The table's W&B group, the stage as job type and the table and scale as tags (``logger=wandb`` cells)."""
+        tags = ",".join(self.wandb_tags())
+        return [
+            f"logger.wandb.group={self.wandb_group}",
+            f"logger.wandb.job_type={stage}",
+            f"logger.wandb.extra_tags=[{tags}]",
+        ]
+
+    def sweep_command(self, cells: list[Cell]) -> list[str]:
+        first = cells[0]
+        fixed = [o for o in first.overrides if not o.startswith(("attention=", "seed="))]
+        attentions = ",".join(dict.fromkeys(c.attention for c in cells))
+        seeds = ",".join(str(s) for s in dict.fromkeys(c.seed for c in cells))
+        return [
+            sys.executable,
+            str(self.root / "train.py"),
+            "-m",
+            *fixed,
+            f"attention={attentions}",
+            f"seed={seeds}",
+            RESUME,
+            "print_config=false",  # each cell's config is in its .hydra/config.yaml; the table's log stays readable
+            f"experiment_name={self.table['name']}-{self.scale}-{first.stage}",
+            *(self.wandb_overrides(first.stage) if first.wandb_project else []),
+            f"hydra.sweep.dir={self.runs_dir}",
+            "hydra.sweep.subdir=${cell_dir:}",
+            *self.launcher,
+        ]
+
+    def train(self, cells: list[Cell]) -> None:
+        """Run each stage's pending cells; a failed sweep stops the table with the cells it left unfinished, a signal
+        (to the engine or to a sweep) stops it at once (``TableInterrupted``)."""
+        for stage in self.stages():
+            pending = [c for c in cells if c.stage == stage and not c.finished]
+            for group in self.launch_groups(pending):
+                wait_while_trained_elsewhere(group)
+                for ready in self.launch_groups([c for c in group if not c.finished]):
+                    command = self.sweep_command(ready)
+                    log.info("%s: %d cell(s): %s", stage, len(ready), " ".join(command[2:]))
+                    run_sweep(command, self.root)
+            unfinished = [c.directory.name for c in cells if c.stage == stage and not c.finished]
+            if unfinished:
+                raise ConfigError("table", f"{stage} cells did not finish (re-run to resume): {', '.join(unfinished)}")
+
+    # ------------------------------------------------------------------------------------------ evaluation
+    def evaluate(self, cells: list[Cell]) -> list[dict[str, Any]]:
+        """Each cell's evaluation columns, computed once per (cell, suite) and cached in ``<cell>/eval/<suite>``."""
+        import json
+
+        spec = self.settings["eval"]
+        suite = OmegaConf.to_container(OmegaConf.load(self.root / "conf" / "eval" / f"{spec['suite']}.yaml"))
+        suite.update(spec.get("suite_overrides") or {})
+        records = []
+        for cell in cells:
+            out = self.eval_dir(cell)
+            if not (out / "results.json").is_file():
+                wandb_cfg = self.eval_wandb(cell)
+                evaluate_cell(cell, suite, out, limit=spec.get("limit"), cache_dir=cell.cache_dir, wandb_cfg=wandb_cfg)
+            result = json.loads((out / "results.json").read_text())
+            analysis = (result.get("analysis") or {}).get("summary", {})  # eval suites with an `analysis` section
+            summary = {k: v for k, v in analysis.items() if k not in ("eval_tokens", "map_tokens")} | result["summary"]
+            trained = json.loads((cell.directory / RESULTS_FILE).read_text())
+            records.append(
+                {"stage": cell.stage, "row": cell.row, "model": cell.model, "attention": cell.attention}
+                | {"seed": cell.seed, "run": self.shown(cell.directory)}
+                | {k: v for k, v in summary.items() if isinstance(v, int | float) and k != "limit"}
+                | {k: trained.get(k) for k in TRAINING_METRICS}
+                | {k: (trained.get("monitor") or {}).get(logged) for k, logged in MONITORED.items()}
+            )
+        return records
+
+    def shown(self, path: Path) -> str:
+        """``path`` relative to the repository when inside it (runs.csv is committed: no machine's checkout in it)."""
+        return str(path.relative_to(self.root)) if path.is_relative_to(self.root) else str(path)
+
+    def eval_dir(self, cell: Cell) -> Path:
+        """Where the cell's evaluation on this scale's suite is cached (its ``results.json`` and analysis files)."""
+        suite = self.settings["eval"]["suite"]
+        return cell.directory / "eval" / suite
+
+    def trajectories(self, cells: list[Cell]) -> pd.DataFrame:
+        """The table's ``curves`` (metrics logged while training, e.g. ``outliers/max_inf_norm``) from each cell's
+        ``csv/metrics.csv``: one row per (cell, step, metric); empty when the table names none."""
+        metrics = self.table.get("curves") or []
+        rows = []
+        for cell in cells if metrics else []:
+            path = cell.directory / "csv" / "metrics.csv"
+            if not path.is_file():
+                continue
+            logged = pd.read_csv(path)
+            for metric in (m for m in metrics if m in logged):
+                points = logged[["step", metric]].dropna().drop_duplicates("step", keep="last")
+                for step, value in points.itertuples(index=False):
+                    rows.append(
+                        {"stage": cell.stage, "row": cell.row, "attention": cell.attention, "seed": cell.seed}
+                        | {"step": int(step), "metric": metric, "value": float(value)}
+                    )
+        return pd.DataFrame(rows, columns=["stage", "row", "attention", "seed", "step", "metric", "value"])
+
+    def eval_wandb(self, cell: Cell) -> dict[str, Any] | None:
+        """A ``logger=wandb`` cell's evaluation as a run (job type eval) in the table's group, named and tagged as
+        its training run, with the evaluation's numbers as its summary."""
+        if cell.wandb_project is None:
+            return None
+        return {
+            "project": cell.wandb_project,
+            "group": self.wandb_group,
+            "name": f"{cell.model}-{cell.attention}-s{cell.seed}",
+            "tags": [cell.attention, cell.model, f"seed-{cell.seed}", cell.stage, *self.wandb_tags()],
+        }
+
+
+def evaluate_cell(
+    cell: Cell,
+    suite: dict[str, Any],
+    out: Path,
+    *,
+    limit: int | None,
+    cache_dir: str,
+    wandb_cfg: dict[str, Any] | None = None,
+) -> None:
+    """The eval API on the cell's last checkpoint; the held-out split is the one recorded inside it."""
+    import torch
+
+    from attnlab.eval.harness import evaluate_suite
+    from attnlab.eval.lm import AttnlabLM
+
+    lm = AttnlabLM(checkpoint=str(cell.checkpoint), device="cuda" if torch.cuda.is_available() else "cpu")
+    evaluate_suite(lm, suite, out, limit=limit, seed=1234, cache_dir=cache_dir, wandb_cfg=wandb_cfg)
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+        return False
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
+    except OSError:
+        return False
+    return True

@@ -1,0 +1,78 @@
+"""Logger factories referenced from conf/logger, and what a finished run adds to its W&B summary."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.loggers import Logger, WandbLogger
+
+from attnlab.hub import wandb_mode
+from attnlab.training.sweeps import SweepJob, current_job
+
+# results.json entries that repeat a metric the run already logged under its own name (val/loss, outliers/...):
+# sent again they would show each metric twice in W&B
+LOGGED_RESULTS = ("val_loss", "val_ppl", "monitor")
+
+
+def wandb_logger(
+    project: str,
+    save_dir: str,
+    experiment: str,
+    tags: list[str],
+    name: str,
+    group: str | None = None,
+    job_type: str = "train",
+    extra_tags: Sequence[str] = (),
+    name_keys: Sequence[str] = (),
+) -> WandbLogger:
+    """A W&B run tagged with attention/model/data/seed, one per Hydra job, named and grouped by ``run_identity``;
+    the table engine sets the group (``table3-cpu``), the job type (its stage) and extra tags (table, scale)."""
+    Path(save_dir).mkdir(parents=True, exist_ok=True)
+    name, group, tags = run_identity(name, group, [*tags, *extra_tags], experiment, current_job(), name_keys)
+    logger = WandbLogger(
+        project=project, save_dir=save_dir, group=group, job_type=job_type, tags=tags, name=name, mode=wandb_mode()
+    )
+    # Lightning always passes wandb.init an ``anonymous`` argument (None unless asked), which wandb >= 0.19 answers
+    # with a warning that the setting has no effect; not passing it is the same run without the warning
+    logger._wandb_init.pop("anonymous", None)
+    return logger
+
+
+def run_identity(
+    name: str, group: str | None, tags: Sequence[str], experiment: str, job: SweepJob | None, name_keys: Sequence[str]
+) -> tuple[str, str, list[str]]:
+    """A run's W&B name, group and tags. A single run: ``name``, grouped by ``experiment``. A ``-m`` job: ``name``
+    and the overrides its sweep varies (``tiny-vanilla-s1337-optim.lr=0.001``) but for ``name_keys``, the ones the
+    name already shows (model, attention, seed); grouped by its sweep (``<experiment>-<sweep directory>``, the same
+    for a resumed sweep) and tagged ``swept:<key>`` per swept key. A ``group`` that is set (the table engine's) is
+    kept."""
+    if job is None:
+        return name, group or experiment, list(tags)
+    shown = [override for key, override in job.overrides.items() if key not in name_keys]
+    return (
+        "-".join([name, ",".join(shown)]) if shown else name,
+        group or f"{experiment}-{job.directory.name}",
+        [*tags, *(f"swept:{key}" for key in job.keys)],
+    )
+
+
+def numbers(results: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    """The numeric entries of a results dict, nested ones (``eval``) flattened as ``eval/<key>``."""
+    flat: dict[str, float] = {}
+    for key, value in results.items():
+        if isinstance(value, dict):
+            flat |= numbers(value, f"{prefix}{key}/")
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def log_results(loggers: Sequence[Logger], results: dict[str, Any]) -> None:
+    """results.json's numbers (unigram baseline, parameters, tokens/s, eval) in each W&B run's summary, so the
+    dashboard compares runs on them side by side; those the run logged as metrics (val/loss) are there already."""
+    summary = numbers({key: value for key, value in results.items() if key not in LOGGED_RESULTS})
+    for logger in loggers:
+        if isinstance(logger, WandbLogger):
+            logger.experiment.summary.update(summary)
