@@ -1,8 +1,0 @@
-"""Vanilla causal attention: the base hooks unchanged, through the fused SDPA kernel (spec section 1)."""
-
-from attnlab.attention.base import AttentionVariant, register
-
-
-@register("vanilla")
-class Vanilla(AttentionVariant):
-    """softmax(q k^T / sqrt(d_h)) v."""

@@ -1,1 +1,0 @@
-"""Evaluation: perplexity, lm-eval tasks, passkey retrieval and the analysis metrics."""
