@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from attnlab.errors import ConfigError
 from attnlab.runs import LAST_CHECKPOINT, RESULTS_FILE, run_directory_in_use, validate_train_config
 from attnlab.tables.cells import cell_name
+from attnlab.tables.sizes import config_parameters
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +183,22 @@ class Engine:
         common = [*self.settings.get("overrides", []), *self.settings.get("stage_overrides", {}).get(stage, [])]
         salt = [f"+cell_salt={self.salt}"] if self.force else []
         return [o.format(model=model) for o in common] + salt + list(self.args)
+
+    def row_sizes(self) -> dict[tuple[str, str], tuple[str, int]]:
+        """``(stage, paper row) -> (our model, parameters)`` of the baseline at this scale: what stands in for each
+        paper row, for figures that keep the paper's row names ("OPT-125m")."""
+        found = {}
+        for stage in self.stages():
+            for row, model in self.rows(stage).items():
+                overrides = [
+                    *self.stage_overrides(stage, model),
+                    f"model={model}",
+                    f"attention={self.table['baseline']}",
+                ]
+                cfg = OmegaConf.to_container(self.compose(overrides), resolve=False)
+                vocab = (cfg.get("data") or {}).get("tokenizer_vocab_size")
+                found[(stage, row)] = (model, config_parameters(cfg["model"], cfg["attention"], vocab))
+        return found
 
     def init_source(self, stage: str, cells: dict[tuple, Cell], row: str, seed: int) -> list[str]:
         """The fine-tune stage's start: the source stage's baseline cell of this model and seed (cpu/smoke)."""

@@ -36,12 +36,14 @@ class TableResults:
     def load(cls, results: Path, root: Path, scale: str | None = None) -> TableResults:
         """``results``: ``experiments/results/<table>/<scale>/`` (``scale``: its directory's name unless given)."""
         from attnlab.tables import load_table
-        from attnlab.tables.sizes import row_parameters
+        from attnlab.tables.engine import Engine
 
         (markdown,) = results.glob("*.md")  # <table>.md; its tidy CSV has the same name
         table = load_table(markdown.stem, root)
         scale = scale or results.name
-        return cls(table, scale, results, row_parameters(table, scale, root))
+        return cls(
+            table, scale, results, Engine(table, scale, root=root, runs_dir=root / "outputs" / "runs").row_sizes()
+        )
 
     def row(self, stage: str, row: str) -> str:
         model, parameters = self.sizes.get((stage, row), ("?", None))

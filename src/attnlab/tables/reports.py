@@ -4,7 +4,7 @@ report again from the CSV it committed, without its cells (``make reproduce-<tab
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,26 +34,31 @@ def pruning_curves(engine: Engine, cells: list[Cell], out_dir: Path) -> str:
     curves = pd.concat(frames, ignore_index=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     curves.to_csv(out_dir / PRUNING_CSV, index=False)
-    return pruning_section(curves, engine.table, engine.scale, engine.root, out_dir, engine.args)
+    return pruning_section(curves, engine.table, engine.scale, engine.row_sizes(), out_dir)
 
 
 def render_pruning(table: dict[str, Any], scale: str, root: Path, out_dir: Path) -> str:
     """The pruning section and figure again from the committed ``pruning_curves.csv``."""
-    return pruning_section(pd.read_csv(out_dir / PRUNING_CSV), table, scale, root, out_dir)
+    from attnlab.tables.engine import Engine
+
+    sizes = Engine(table, scale, root=root, runs_dir=root / "outputs" / "runs").row_sizes()
+    return pruning_section(pd.read_csv(out_dir / PRUNING_CSV), table, scale, sizes, out_dir)
 
 
 def pruning_section(
-    curves: pd.DataFrame, table: dict[str, Any], scale: str, root: Path, out_dir: Path, args: Sequence[str] = ()
+    curves: pd.DataFrame,
+    table: dict[str, Any],
+    scale: str,
+    sizes: dict[tuple[str, str], tuple[str, int]],
+    out_dir: Path,
 ) -> str:
     """Perplexity against the number of heads masked, importance order (mean over seeds) against the random orders
     (mean over seeds and orders), drawn as ``pruning_curves.png``; per step, importance minus random paired by seed
     with its interval and a verdict against the paper's claim (importance order degrades less); and which layers
     keep their heads."""
-    from attnlab.tables.sizes import row_parameters
-
     first = curves.iloc[0]
     heads = int(first["heads_pruned"]) + sum(int(v) for v in str(first["heads_kept_per_layer"]).split())
-    plot_pruning_curves(curves, table, scale, row_parameters(table, scale, root, args), heads, out_dir)
+    plot_pruning_curves(curves, table, scale, sizes, heads, out_dir)
     keys = ["stage", "row", "attention"]
     rows, kept = [], []
     for key, group in curves.groupby(keys, sort=False):

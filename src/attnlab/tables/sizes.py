@@ -3,12 +3,9 @@ the parameters of the model that actually stands in for them, counted from the c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 
 from attnlab.models.builder import build_gpt
 
@@ -22,21 +19,3 @@ def config_parameters(model: dict[str, Any], attention: dict[str, Any], tokenize
         model["vocab_size"] = tokenizer_vocab_size
     with torch.device("meta"):
         return build_gpt(model, attention).num_parameters()
-
-
-def row_parameters(
-    table: dict[str, Any], scale: str, root: Path, args: Sequence[str] = ()
-) -> dict[tuple[str, str], tuple[str, int]]:
-    """``(stage, paper row) -> (our model, parameters)`` of the table's baseline at ``scale`` (``args``: the
-    table's extra ``train.py`` overrides, as ``make reproduce-<table> ARGS=...`` gave them)."""
-    from attnlab.tables.engine import Engine
-
-    engine = Engine(table, scale, root=root, runs_dir=root / "outputs" / "runs", args=args)
-    found = {}
-    for stage in engine.stages():
-        for row, model in engine.rows(stage).items():
-            overrides = [*engine.stage_overrides(stage, model), f"model={model}", f"attention={table['baseline']}"]
-            cfg = OmegaConf.to_container(engine.compose(overrides), resolve=False)
-            vocab = (cfg.get("data") or {}).get("tokenizer_vocab_size")
-            found[(stage, row)] = (model, config_parameters(cfg["model"], cfg["attention"], vocab))
-    return found
