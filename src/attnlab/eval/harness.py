@@ -38,16 +38,23 @@ TASKS_DIR = Path(__file__).parent / "tasks"  # attnlab's own lm-eval tasks
 RUN_FIELDS = ("run_id", "time", "suite", "checkpoint", "pretrained", "model", "attention", "limit", "lm_eval")
 
 
+def suite_passkey_lengths(suite: dict[str, Any], window: int) -> list[int] | None:
+    """The suite's passkey lengths for a model of this window (null: follow the window), each leaving room for the
+    answer, else a ``ConfigError``; None when the suite has no passkey task."""
+    if PASSKEY_TASK not in suite.get("tasks", []):
+        return None
+    requested = (suite.get("passkey") or {}).get("context_lengths")
+    return fitting_lengths(requested, window, "eval.passkey.context_lengths")
+
+
 def task_metadata(lm: AttnlabLM, suite: dict[str, Any], out_dir: Path, cache_dir: str) -> dict:
     """What attnlab's generated tasks need: the tokenizer (``run_lm_eval`` saves it with the results), passkey and
     held-out settings."""
     data = lm.run_data
     tokenizer_file = out_dir / "tokenizer.json"
     passkey = dict(suite.get("passkey") or {})
-    if PASSKEY_TASK in suite.get("tasks", []):  # null lengths: follow the model's window
-        passkey["context_lengths"] = fitting_lengths(
-            passkey.get("context_lengths"), lm.max_length, "eval.passkey.context_lengths"
-        )
+    if (lengths := suite_passkey_lengths(suite, lm.max_length)) is not None:
+        passkey["context_lengths"] = lengths
     if data.get("name") not in (None, "wiki_sample") and "attnlab_heldout" in suite.get("tasks", []):
         log.warning("attnlab_heldout scores the wiki_sample split, but the model trained on %s", data["name"])
     return {
@@ -317,10 +324,7 @@ class AfterTraining:
         self.cfg = cfg
 
     def check(self, window: int) -> None:
-        suite = OmegaConf.to_container(self.cfg.eval, resolve=True)
-        if PASSKEY_TASK in suite.get("tasks", []):
-            requested = (suite.get("passkey") or {}).get("context_lengths")
-            fitting_lengths(requested, window, "eval.passkey.context_lengths")
+        suite_passkey_lengths(OmegaConf.to_container(self.cfg.eval, resolve=True), window)
 
     def __call__(self, checkpoint: str) -> dict[str, Any]:
         import torch
