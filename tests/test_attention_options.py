@@ -46,6 +46,9 @@ GPT2 = {"n_layer": 12, "n_head": 12, "n_embd": 768, "vocab_size": 50257, "block_
         ({"name": "ssa", "zeta": 1.0}, "attention.zeta", "allowed: alpha_init"),
         ({"name": "gated", "position": "sdpa"}, "attention.position", "allowed: finetune_weight_std"),
         ({"name": "softermax"}, "attention.name", "allowed: clipped_softmax"),
+        ({"name": "sink", "sink_logit": "zero"}, "attention.sink_logit", "learned, fixed"),
+        ({"name": "sink", "sink_init": float("nan")}, "attention.sink_init", "nan"),
+        ({"name": "sink", "chunk_size": 0}, "attention.chunk_size", "positive"),
     ],
 )
 def test_bad_options_fail_at_construction(attention: dict, key: str, says: str) -> None:
@@ -103,6 +106,8 @@ def expected_overhead(attention: dict, c: dict) -> int:
         return n_layer * (d + 1) * gates * width
     if o.name == "temp_lookup":
         return n_layer * h * o.num_groups
+    if o.name in ("sink", "softmax1"):
+        return n_layer * h if o.sink_logit == "learned" else 0
     if not hasattr(o, "components"):
         return 0
     total = 0
@@ -125,6 +130,7 @@ OVERHEAD_CASES = [{"name": n} for n in available_attention()] + [
     {"name": "ssa", "share_across_heads": True, "components": ["k", "v"]},
     {"name": "ssa_shared", "share_across_heads": True},
     {"name": "ssa_feature", "components": ["q", "k", "v"]},
+    {"name": "sink", "sink_logit": "fixed"},
 ]
 
 

@@ -37,9 +37,15 @@ CONFIGS = [{"name": name} for name in available_attention()] + [
     {"name": "ssa_feature", "components": ["k"]},
     {"name": "ssa_tok_only", "components": ["q"]},
     {"name": "ssa_pos_only", "components": ["k"], "terms": ["position", "constant"]},
+    {"name": "sink", "chunk_size": 5},
+    {"name": "softmax1", "sink_init": 1.5},
 ]
 IDS = [c["name"] + "".join(f"-{k}={v}" for k, v in c.items() if k != "name") for c in CONFIGS]
 POSITION_ENCODINGS = ["learned", "rotary", "alibi", "sinusoidal"]
+# Variants with no setting that is vanilla (a fixed map other than softmax, or a norm on q and k).
+NO_NEUTRAL_SETTING = {"qk_norm", "qk_norm_projection", "softpick", "sigmoid", "ssmax"}
+# Variants whose logits depend on the absolute position without an SSA position term.
+POSITION_DEPENDENT = {"ssmax"}
 
 
 def tiny_config(pos: str = "rotary", kv: int | None = 2, block_size: int = 32) -> ModelConfig:
@@ -99,6 +105,10 @@ def terms(attention: dict) -> set[str]:
 def test_neutral_setting_is_vanilla(attention: dict, pos: str, kv: int | None) -> None:
     if "yarn" in terms(attention):
         pytest.skip("temp_yarn is a fixed rule without a neutral setting: see test_position_rules_formula")
+    if attention["name"] in NO_NEUTRAL_SETTING:
+        pytest.skip(f"{attention['name']} has no neutral setting (see its docstring)")
+    if attention["name"] in ("sink", "softmax1"):
+        attention = {**attention, "sink_init": float("-inf")}  # s_h -> -inf: the sink takes no mass
     if attention["name"] == "clipped_softmax":
         attention = {**attention, "zeta": 1.0, "gamma": 0.0, "alpha": None}
     if attention["name"] == "value_select":
@@ -197,7 +207,7 @@ def test_window_uses_absolute_positions(attention: dict, pos: str) -> None:
         torch.testing.assert_close(b, a, atol=1e-6, rtol=0)
     if pos == "alibi":
         same = all(torch.allclose(a, c, atol=1e-6, rtol=0) for a, c in zip(full, relative, strict=True))
-        assert same != bool({"position", "yarn"} & terms(attention))
+        assert same != (bool({"position", "yarn"} & terms(attention)) or attention["name"] in POSITION_DEPENDENT)
 
 
 @pytest.mark.parametrize("component", ["q", "k"])

@@ -114,22 +114,33 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Pat
     return out
 
 
+# Options that make a fixed-rule variant vanilla (the rule switched off; the sink at -inf takes no mass)
+NEUTRAL_OPTIONS = {
+    "clipped_softmax": {"alpha": None, "gamma": 0.0},
+    "value_select": {"threshold": float("-inf")},
+    "sink": {"sink_init": float("-inf")},
+    "softmax1": {"sink_init": float("-inf")},
+}
+# Variants that are vanilla for no setting (a fixed map other than softmax, a norm on q and k, s_h log n)
+NO_NEUTRAL_SETTING = {"qk_norm", "qk_norm_projection", "softpick", "sigmoid", "ssmax"}
+
+
 def exact_at_finetune_init(name: str) -> bool:
     """Whether the spec makes the variant's fine-tune init the pretrained layer exactly.
 
     Not so: clipped softmax with gamma < 0, value selection's hard rule, and the SSA position / YaRN terms
-    (alpha_ft = -7.4 still adds 6.2e-4 * log n to the temperature). Those are compared at their neutral setting instead.
+    (alpha_ft = -7.4 still adds 6.2e-4 * log n to the temperature), the sink (s_h = sink_init = 0 takes mass; at -inf
+    it is vanilla but learns nothing). Those are compared at their neutral setting instead; the variants in
+    ``NO_NEUTRAL_SETTING`` are skipped.
     """
     options = asdict(resolve_options({"name": name})[1])
     if name == "clipped_softmax":
         return options["zeta"] == 1 and options["gamma"] == 0
     if name == "value_select":
         return options["threshold"] == float("-inf")
+    if name in NO_NEUTRAL_SETTING or name in NEUTRAL_OPTIONS:
+        return False
     return not {"position", "yarn"} & set(options.get("terms", []))
-
-
-# Options that make a fixed-rule variant vanilla (the rule switched off)
-NEUTRAL_OPTIONS = {"clipped_softmax": {"alpha": None, "gamma": 0.0}, "value_select": {"threshold": float("-inf")}}
 
 
 def neutral_at_finetune(model) -> None:
@@ -150,7 +161,7 @@ def test_logits_match_hf(checkpoints, case: str, attention: str) -> None:
     exact = exact_at_finetune_init(attention)
     if attention in NEUTRAL_OPTIONS:
         config.update(NEUTRAL_OPTIONS[attention])
-    elif not exact and "position" not in resolve_options(config)[1].terms:
+    elif not exact and "position" not in getattr(resolve_options(config)[1], "terms", []):
         pytest.skip(f"{attention} is a fixed rule with no neutral setting")
     model = from_hf(str(directory), attention=config)
     if not exact:
@@ -168,6 +179,7 @@ def test_exactness_classification() -> None:
     exact = {name for name in available_attention() if exact_at_finetune_init(name)}
     assert {"vanilla", "gated", "gated_sdpa", "gated_sdpa_headwise", "gated_value", "ssa_tok_only"} <= exact
     assert not {"ssa", "ssa_shared", "temp_yarn", "clipped_softmax", "ssa_pos_only", "value_select"} & exact
+    assert not {"sink", "softmax1", *NO_NEUTRAL_SETTING} & exact
 
 
 @pytest.mark.parametrize("case", list(CASES))

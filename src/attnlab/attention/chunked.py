@@ -1,0 +1,43 @@
+"""Plain-math attention over chunks of queries, for variants the fused kernel cannot run.
+
+Each chunk sees its queries' full key rows (row-wise maps such as softpick, sigmoid or a log-sum-exp are exact)
+and only a (chunk x T) score block exists at a time; with more than one chunk the block is recomputed in backward,
+so no (T x T) matrix per head is kept at long context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from attnlab.attention.base import causal_bias
+
+ChunkFunction = Callable[[Tensor, Tensor, Tensor, Tensor | None], Tensor]  # (q, k, v, fp32 bias or None) -> out
+
+
+def over_query_chunks(
+    fn: ChunkFunction, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, chunk_size: int
+) -> Tensor:
+    """``fn`` on each chunk of queries (B, H, chunk, d_h) over the keys it may see, concatenated on the query axis.
+
+    k and v arrive with H or KV heads (GQA) and are repeated to H; ``mask``/``is_causal`` are SDPA's.
+    """
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    t_q, offset = q.shape[2], k.shape[2] - q.shape[2]  # query i sits at key index i + offset
+    recompute = torch.is_grad_enabled() and t_q > chunk_size  # one chunk holds no more than the plain math would
+    chunks = []
+    for start in range(0, t_q, chunk_size):
+        stop = min(start + chunk_size, t_q)
+        keys, bias = k.shape[2], None
+        if mask is not None:
+            bias = mask[..., start:stop, :].float()
+        elif is_causal:  # keys after the chunk's last query are masked for every row: skip them
+            keys = stop + offset
+            bias = causal_bias(stop - start, keys, q.device)
+        args = (q[:, :, start:stop], k[:, :, :keys], v[:, :, :keys], bias)
+        chunks.append(checkpoint(fn, *args, use_reentrant=False) if recompute else fn(*args))
+    return torch.cat(chunks, dim=2)

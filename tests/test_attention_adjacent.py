@@ -1,0 +1,115 @@
+"""The adjacent variants (spec section 9) against their reference code on the same tensors, fp32, values and
+gradients: gpt-oss's ``sdpa`` (sink), softpick's ``naive_softpick_attn``, ml-sigmoid-attention's ``Attention``
+(sigmoid), transformers' Qwen3 / OLMo 2 attention (qk_norm), and the SSMax paper's formula (no official code).
+The fixtures port the references line by line (only batch / layout glue added); each cites repo, path and commit."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from attnlab.attention import AttentionContext, AttentionShape, build_variant
+from attnlab.models.gpt import alibi_slopes
+
+H, KV, DH = 4, 2, 8
+
+
+def variant(name: str, block_size: int = 32, **options):
+    shape = AttentionShape(n_embd=H * DH, n_head=H, n_kv_head=KV, head_dim=DH, block_size=block_size)
+    return build_variant({"name": name, **options}, shape)
+
+
+def qkv(t_q: int, t_k: int, kv: int = KV, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(0)
+    return tuple(
+        (2 * torch.randn(2, heads, t, DH, generator=g)).to(dtype).requires_grad_()
+        for heads, t in ((H, t_q), (kv, t_k), (kv, t_k))
+    )
+
+
+def values_and_grads(out: torch.Tensor, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    weights = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view(
+        out.shape
+    )  # a loss that weighs every output differently
+    return (out, *torch.autograd.grad((out * weights).sum(), inputs))
+
+
+def assert_all_close(ours: tuple[torch.Tensor, ...], theirs: tuple[torch.Tensor, ...]) -> None:
+    for index, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=lambda m, i=index: f"output/grad {i}: {m}")
+
+
+def context(t_q: int, t_k: int, alibi: bool = False) -> tuple[torch.Tensor | None, bool]:
+    ctx = AttentionContext(positions=torch.arange(t_k - t_q, t_k), alibi_slopes=alibi_slopes(H) if alibi else None)
+    return ctx.mask(t_q, t_k, torch.float32)
+
+
+# --- sink: openai/gpt-oss gpt_oss/torch/model.py `sdpa`, commit 7b583341fe16729127f6d5b94a7b09ccae97e1a1 ---
+
+
+def gpt_oss_sdpa(Q, K, V, S, sm_scale, sliding_window=0):
+    # sliding_window == 0 means no sliding window
+    n_tokens, n_heads, q_mult, d_head = Q.shape
+    assert K.shape == (n_tokens, n_heads, d_head)
+    assert V.shape == (n_tokens, n_heads, d_head)
+    K = K[:, :, None, :].expand(-1, -1, q_mult, -1)
+    V = V[:, :, None, :].expand(-1, -1, q_mult, -1)
+    S = S.reshape(n_heads, q_mult, 1, 1).expand(-1, -1, n_tokens, -1)
+    mask = torch.triu(Q.new_full((n_tokens, n_tokens), -float("inf")), diagonal=1)
+    if sliding_window > 0:
+        mask += torch.tril(mask.new_full((n_tokens, n_tokens), -float("inf")), diagonal=-sliding_window)
+    QK = torch.einsum("qhmd,khmd->hmqk", Q, K)
+    QK *= sm_scale
+    QK += mask[None, None, :, :]
+    QK = torch.cat([QK, S], dim=-1)
+    W = torch.softmax(QK, dim=-1)
+    W = W[..., :-1]
+    attn = torch.einsum("hmqk,khmd->qhmd", W, V)
+    return attn.reshape(n_tokens, -1)
+
+
+def gpt_oss_batched(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """Glue: gpt-oss's (tokens, KV, q_mult, d_h) layout has no batch; its head h = kv * q_mult + m is ours."""
+    outs = []
+    for b in range(q.shape[0]):
+        query = q[b].transpose(0, 1).reshape(q.shape[2], KV, H // KV, DH)
+        outs.append(gpt_oss_sdpa(query, k[b].transpose(0, 1), v[b].transpose(0, 1), sinks, 1 / math.sqrt(DH)))
+    return torch.stack(outs).view(q.shape[0], q.shape[2], H, DH).transpose(1, 2)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 4, 64])
+def test_sink_matches_gpt_oss(chunk_size: int) -> None:
+    """Fused SDPA times sigmoid(lse - s_h), lse from query chunks, equals gpt-oss's appended-column softmax."""
+    sink = variant("sink", chunk_size=chunk_size)
+    with torch.no_grad():
+        sink.sinks.copy_(torch.tensor([-1.0, 0.0, 0.7, 3.0]))
+    q, k, v = qkv(13, 13)
+    inputs = (q, k, v, sink.sinks)
+    ours = values_and_grads(sink.attend(q, k, v, None, True, 0.0), inputs)
+    theirs = values_and_grads(gpt_oss_batched(q, k, v, sink.sinks), inputs)
+    assert_all_close(ours, theirs)
+    reference, probabilities = sink.reference_attention(q, k, v, None, True)
+    torch.testing.assert_close(reference, ours[0], atol=1e-5, rtol=1e-5)
+    assert (probabilities.sum(-1) < 1).all()  # the sink takes some mass from every row
+
+
+@pytest.mark.parametrize("alibi", [False, True], ids=["causal", "alibi"])
+@pytest.mark.parametrize(("t_q", "t_k"), [(5, 13), (1, 13)], ids=["cache", "decode"])
+def test_sink_attend_equals_reference_with_cache_and_alibi(alibi: bool, t_q: int, t_k: int) -> None:
+    sink = variant("sink", chunk_size=2, sink_init=0.5)
+    q, k, v = qkv(t_q, t_k)
+    mask, is_causal = context(t_q, t_k, alibi)
+    inputs = (q, k, v, sink.sinks)
+    ours = values_and_grads(sink.attend(q, k, v, mask, is_causal, 0.0), inputs)
+    assert_all_close(ours, values_and_grads(sink.reference_attention(q, k, v, mask, is_causal)[0], inputs))
+
+
+def test_softmax1_is_evan_millers_formula() -> None:
+    """sink_logit=fixed: s_h = 0, no parameter; p_ij = exp(s_ij) / (1 + sum_j exp(s_ij))."""
+    softmax1 = variant("softmax1")
+    assert list(softmax1.parameters()) == []
+    scores = torch.tensor([0.5, -1.0, float("-inf")]).expand(1, H, 1, 3)
+    expected = torch.tensor([0.5, -1.0]).exp() / (1 + torch.tensor([0.5, -1.0]).exp().sum())
+    torch.testing.assert_close(softmax1.probabilities(scores), torch.cat([expected, torch.zeros(1)]).expand(1, H, 1, 3))
