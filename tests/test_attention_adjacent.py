@@ -9,8 +9,12 @@ import math
 
 import pytest
 import torch
+from transformers.models.olmo2.configuration_olmo2 import Olmo2Config
+from transformers.models.olmo2.modeling_olmo2 import Olmo2Attention
+from transformers.models.qwen3.configuration_qwen3 import Qwen3Config
+from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention
 
-from attnlab.attention import AttentionContext, AttentionShape, build_variant
+from attnlab.attention import AttentionContext, AttentionShape, CausalSelfAttention, build_variant
 from attnlab.models.gpt import alibi_slopes
 
 H, KV, DH = 4, 2, 8
@@ -113,3 +117,50 @@ def test_softmax1_is_evan_millers_formula() -> None:
     scores = torch.tensor([0.5, -1.0, float("-inf")]).expand(1, H, 1, 3)
     expected = torch.tensor([0.5, -1.0]).exp() / (1 + torch.tensor([0.5, -1.0]).exp().sum())
     torch.testing.assert_close(softmax1.probabilities(scores), torch.cat([expected, torch.zeros(1)]).expand(1, H, 1, 3))
+
+
+# --- qk_norm: transformers' Qwen3Attention / Olmo2Attention (the installed version) ---
+
+
+def rope(t: int) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, DH, 2).float() / DH))
+    angles = torch.arange(t).float()[:, None] * inv_freq[None, :]
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+@pytest.mark.parametrize("scope", ["head", "projection"])
+def test_qk_norm_layer_matches_transformers(scope: str) -> None:
+    """Our whole layer (q/k norm before RoPE, SDPA, W_o) equals Qwen3Attention (head) / Olmo2Attention (projection)
+    with the same weights; gradients to the norm weights agree too."""
+    torch.manual_seed(0)
+    shape = AttentionShape(n_embd=H * DH, n_head=H, n_kv_head=KV, head_dim=DH, block_size=32)
+    ours = CausalSelfAttention(shape, {"name": "qk_norm", "scope": scope}, bias=False, dropout=0.0)
+    common = {"hidden_size": H * DH, "num_attention_heads": H, "num_key_value_heads": KV, "rms_norm_eps": 1e-6}
+    if scope == "head":
+        theirs = Qwen3Attention(Qwen3Config(**common, head_dim=DH, attention_bias=False), layer_idx=0)
+    else:
+        theirs = Olmo2Attention(Olmo2Config(**common, attention_bias=False), layer_idx=0)
+    with torch.no_grad():
+        for norm in (ours.variant.q_norm, ours.variant.k_norm):
+            norm.weight.add_(0.3 * torch.randn_like(norm.weight))
+        q_w, k_w, v_w = ours.qkv.weight.split(shape.qkv_sizes)
+        for target, source in (
+            (theirs.q_proj, q_w),
+            (theirs.k_proj, k_w),
+            (theirs.v_proj, v_w),
+            (theirs.o_proj, ours.proj.weight),
+        ):
+            target.weight.copy_(source)
+        theirs.q_norm.weight.copy_(ours.variant.q_norm.weight)
+        theirs.k_norm.weight.copy_(ours.variant.k_norm.weight)
+    theirs.config._attn_implementation = "eager"
+    t = 11
+    x = torch.randn(2, t, H * DH)
+    cos, sin = rope(t)
+    our_out = ours(x, AttentionContext(positions=torch.arange(t), rope=(cos, sin)))
+    causal = torch.zeros(t, t).masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))[None, None]
+    their_out = theirs(x, position_embeddings=(cos[None], sin[None]), attention_mask=causal)[0]
+    ours_all = values_and_grads(our_out, (ours.variant.q_norm.weight, ours.variant.k_norm.weight))
+    theirs_all = values_and_grads(their_out, (theirs.q_norm.weight, theirs.k_norm.weight))
+    assert_all_close(ours_all, theirs_all)

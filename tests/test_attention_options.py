@@ -49,6 +49,8 @@ GPT2 = {"n_layer": 12, "n_head": 12, "n_embd": 768, "vocab_size": 50257, "block_
         ({"name": "sink", "sink_logit": "zero"}, "attention.sink_logit", "learned, fixed"),
         ({"name": "sink", "sink_init": float("nan")}, "attention.sink_init", "nan"),
         ({"name": "sink", "chunk_size": 0}, "attention.chunk_size", "positive"),
+        ({"name": "qk_norm", "scope": "layer"}, "attention.scope", "head, projection"),
+        ({"name": "qk_norm", "eps": 0.0}, "attention.eps", "positive"),
     ],
 )
 def test_bad_options_fail_at_construction(attention: dict, key: str, says: str) -> None:
@@ -108,6 +110,8 @@ def expected_overhead(attention: dict, c: dict) -> int:
         return n_layer * h * o.num_groups
     if o.name in ("sink", "softmax1"):
         return n_layer * h if o.sink_logit == "learned" else 0
+    if o.name.startswith("qk_norm"):
+        return n_layer * (2 * dh if o.scope == "head" else (h + kv) * dh)
     if not hasattr(o, "components"):
         return 0
     total = 0
@@ -131,6 +135,7 @@ OVERHEAD_CASES = [{"name": n} for n in available_attention()] + [
     {"name": "ssa_shared", "share_across_heads": True},
     {"name": "ssa_feature", "components": ["q", "k", "v"]},
     {"name": "sink", "sink_logit": "fixed"},
+    {"name": "qk_norm", "scope": "projection"},
 ]
 
 
@@ -159,6 +164,8 @@ def test_gpt2_124m_overheads() -> None:
     assert gpt2_overhead({"name": "ssa_shared"})[1] < 0.005
     assert gpt2_overhead({"name": "ssa_feature"})[0] == 12 * 2 * 2 * 12  # beta + alpha per head, q and v
     assert gpt2_overhead({"name": "temp_frequency"})[0] == 12 * 12  # beta per head
+    assert gpt2_overhead({"name": "qk_norm"})[0] == 12 * 2 * 64  # one d_h weight for q, one for k
+    assert gpt2_overhead({"name": "qk_norm_projection"})[0] == 12 * 2 * 768
 
 
 def test_old_temperature_lr_key_reads_as_variant_lr():
