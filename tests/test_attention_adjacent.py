@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers.models.olmo2.configuration_olmo2 import Olmo2Config
 from transformers.models.olmo2.modeling_olmo2 import Olmo2Attention
 from transformers.models.qwen3.configuration_qwen3 import Qwen3Config
@@ -117,6 +118,59 @@ def test_softmax1_is_evan_millers_formula() -> None:
     scores = torch.tensor([0.5, -1.0, float("-inf")]).expand(1, H, 1, 3)
     expected = torch.tensor([0.5, -1.0]).exp() / (1 + torch.tensor([0.5, -1.0]).exp().sum())
     torch.testing.assert_close(softmax1.probabilities(scores), torch.cat([expected, torch.zeros(1)]).expand(1, H, 1, 3))
+
+
+# --- softpick: zaydzuhri/softpick-attention naive_softpick_attn.py, commit c97f4dc5f9fcec2e8afc2932db2cba6d7d7e5465 ---
+
+
+def softpick_reference(x, dim=-1, eps=1e-8):
+    # softpick function: relu(exp(x)-1) / sum(abs(exp(x)-1))
+    # numerically stable version
+    x_m = torch.max(x, dim=dim, keepdim=True).values
+    x_m_e_m = torch.exp(-x_m)
+    x_e_1 = torch.exp(x - x_m) - x_m_e_m
+    r_x_e_1 = F.relu(x_e_1)
+    a_x_e_1 = torch.where(x.isfinite(), torch.abs(x_e_1), 0)
+    return r_x_e_1 / (torch.sum(a_x_e_1, dim=dim, keepdim=True) + eps)
+
+
+def naive_softpick_attn(q, k, v, scale=None):
+    """``naive_softpick_attn`` with head_first=True (the (B, H, T, d) layout), cu_seqlens unused as in the source."""
+    head_dim = q.shape[-1]
+    if scale is None:
+        scale = 1.0 / (head_dim**0.5)
+    q_len = q.shape[-2]
+    k_len = k.shape[-2]
+    mask = torch.tril(torch.ones(k_len, k_len, device=q.device))
+    wei = torch.matmul(q, k.transpose(2, 3))  # shape: (batch_size, num_heads, q_len, k_len)
+    wei = wei * scale
+    wei = wei.masked_fill(mask[k_len - q_len : k_len, :k_len] == 0, float("-inf"))
+    wei = softpick_reference(wei.float(), dim=-1).to(q.dtype)
+    o = torch.matmul(wei, v)  # shape: (batch_size, num_heads, q_len, head_dim)
+    return o, wei
+
+
+@pytest.mark.parametrize("chunk_size", [1, 4, 64])
+@pytest.mark.parametrize(("t_q", "t_k"), [(13, 13), (5, 13), (1, 13)], ids=["full", "cache", "decode"])
+def test_softpick_matches_reference(chunk_size: int, t_q: int, t_k: int) -> None:
+    softpick = variant("softpick", chunk_size=chunk_size)
+    q, k, v = qkv(t_q, t_k, kv=H)  # the reference has no GQA
+    mask, is_causal = context(t_q, t_k)
+    inputs = (q, k, v)
+    ours = values_and_grads(softpick.attend(q, k, v, mask, is_causal, 0.0), inputs)
+    theirs_out, theirs_probabilities = naive_softpick_attn(q, k, v)
+    assert_all_close(ours, values_and_grads(theirs_out, inputs))
+    probabilities = softpick.reference_attention(q, k, v, mask, is_causal)[1]
+    torch.testing.assert_close(probabilities, theirs_probabilities, atol=1e-6, rtol=1e-5)
+
+
+def test_softpick_rows_can_attend_to_nothing() -> None:
+    """Scores <= 0 get exactly 0 (no forced sink), and rows sum to at most 1."""
+    scores = torch.tensor([[[[-0.5, -2.0, 1.0, float("-inf")], [-1.0, -0.1, 0.0, -3.0]]]])
+    p = variant("softpick").probabilities(scores)
+    assert p[0, 0, 0, :2].abs().max() == 0 and p[0, 0, 0, 2] > 0 and p[0, 0, 0, 3] == 0
+    assert p[0, 0, 1].abs().max() == 0
+    assert (p.sum(-1) <= 1).all()
 
 
 # --- qk_norm: transformers' Qwen3Attention / Olmo2Attention (the installed version) ---

@@ -51,6 +51,7 @@ GPT2 = {"n_layer": 12, "n_head": 12, "n_embd": 768, "vocab_size": 50257, "block_
         ({"name": "sink", "chunk_size": 0}, "attention.chunk_size", "positive"),
         ({"name": "qk_norm", "scope": "layer"}, "attention.scope", "head, projection"),
         ({"name": "qk_norm", "eps": 0.0}, "attention.eps", "positive"),
+        ({"name": "softpick", "eps": -1e-8}, "attention.eps", ">= 0"),
     ],
 )
 def test_bad_options_fail_at_construction(attention: dict, key: str, says: str) -> None:
@@ -164,6 +165,7 @@ def test_gpt2_124m_overheads() -> None:
     assert gpt2_overhead({"name": "ssa_shared"})[1] < 0.005
     assert gpt2_overhead({"name": "ssa_feature"})[0] == 12 * 2 * 2 * 12  # beta + alpha per head, q and v
     assert gpt2_overhead({"name": "temp_frequency"})[0] == 12 * 12  # beta per head
+    assert gpt2_overhead({"name": "softmax1"})[0] == gpt2_overhead({"name": "softpick"})[0] == 0
     assert gpt2_overhead({"name": "qk_norm"})[0] == 12 * 2 * 64  # one d_h weight for q, one for k
     assert gpt2_overhead({"name": "qk_norm_projection"})[0] == 12 * 2 * 768
 
