@@ -173,6 +173,38 @@ def test_softpick_rows_can_attend_to_nothing() -> None:
     assert (p.sum(-1) <= 1).all()
 
 
+# --- sigmoid: apple/ml-sigmoid-attention attention_simulator/src/attention_simulator/layers/attention.py
+# (Attention.forward) with activations.py unnormalized_sigmoid_attention and masking.py's masked_fill,
+# commit 9273b493f234ccbb184cab1131010dd0e965d8ce ---
+
+
+def sigmoid_attention_reference(q, k, v, mask, attn_bias, attn_temp=0.0):
+    """Attention.forward from q/k/v on: the scale, causal masking with -finfo.max, exp(temp), + bias, sigmoid."""
+    scale = q.shape[-1] ** -0.5
+    q = q * scale
+    attn = q @ k.transpose(-2, -1)
+    attn = attn.masked_fill(~mask.expand_as(attn), -torch.finfo(attn.dtype).max)  # masking_fn
+    attn = attn * math.exp(attn_temp)
+    attn = attn + attn_bias
+    attn_matrix = torch.sigmoid(attn)  # unnormalized_sigmoid_attention
+    return attn_matrix @ v, attn_matrix
+
+
+@pytest.mark.parametrize("chunk_size", [1, 4, 64])
+@pytest.mark.parametrize(("t_q", "t_k"), [(13, 13), (5, 13), (1, 13)], ids=["full", "cache", "decode"])
+def test_sigmoid_matches_reference(chunk_size: int, t_q: int, t_k: int) -> None:
+    sigmoid = variant("sigmoid", block_size=2048, chunk_size=chunk_size)  # b = -log 2048 = -7.62
+    q, k, v = qkv(t_q, t_k, kv=H)
+    mask, is_causal = context(t_q, t_k)
+    inputs = (q, k, v)
+    ours = values_and_grads(sigmoid.attend(q, k, v, mask, is_causal, 0.0), inputs)
+    visible = torch.ones(t_k, t_k, dtype=torch.bool).tril()[t_k - t_q :]  # create_decoder_causal_mask, cached rows
+    theirs_out, theirs_probabilities = sigmoid_attention_reference(q, k, v, visible, -math.log(2048))
+    assert_all_close(ours, values_and_grads(theirs_out, inputs))
+    probabilities = sigmoid.reference_attention(q, k, v, mask, is_causal)[1]
+    torch.testing.assert_close(probabilities, theirs_probabilities, atol=1e-6, rtol=1e-5)
+
+
 # --- qk_norm: transformers' Qwen3Attention / Olmo2Attention (the installed version) ---
 
 
@@ -218,3 +250,22 @@ def test_qk_norm_layer_matches_transformers(scope: str) -> None:
     ours_all = values_and_grads(our_out, (ours.variant.q_norm.weight, ours.variant.k_norm.weight))
     theirs_all = values_and_grads(their_out, (theirs.q_norm.weight, theirs.k_norm.weight))
     assert_all_close(ours_all, theirs_all)
+
+
+# --- memory: the explicit paths keep no (T x T) matrix for backward ---
+
+
+@pytest.mark.parametrize("name", ["sink", "softpick", "sigmoid"])
+def test_no_score_matrix_is_kept_for_backward(name: str) -> None:
+    t = 64
+    layer = variant(name, chunk_size=16)  # a (16 x 64) chunk of scores is larger than q, k or v
+    q, k, v = qkv(t, t)
+    sizes: list[int] = []
+
+    def record(saved: torch.Tensor) -> torch.Tensor:
+        sizes.append(saved.numel())
+        return saved
+
+    with torch.autograd.graph.saved_tensors_hooks(record, lambda saved: saved):
+        layer.attend(q, k, v, None, True, 0.0)
+    assert max(sizes) <= 2 * H * t * DH  # q/k/v-sized

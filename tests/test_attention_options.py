@@ -52,6 +52,8 @@ GPT2 = {"n_layer": 12, "n_head": 12, "n_embd": 768, "vocab_size": 50257, "block_
         ({"name": "qk_norm", "scope": "layer"}, "attention.scope", "head, projection"),
         ({"name": "qk_norm", "eps": 0.0}, "attention.eps", "positive"),
         ({"name": "softpick", "eps": -1e-8}, "attention.eps", ">= 0"),
+        ({"name": "sigmoid", "bias": float("inf")}, "attention.bias", "finite"),
+        ({"name": "sigmoid", "context_length": 0}, "attention.context_length", "positive"),
     ],
 )
 def test_bad_options_fail_at_construction(attention: dict, key: str, says: str) -> None:
@@ -68,7 +70,7 @@ def test_hydra_offers_every_preset_with_its_defaults(make_config, name: str) -> 
     cfg = make_config([f"attention={name}", "data.block_size=128"])
     composed = OmegaConf.to_container(cfg.attention, resolve=True)
     expected = asdict(resolve_options({"name": name})[1])
-    if name == "clipped_softmax":
+    if name in ("clipped_softmax", "sigmoid"):
         expected["context_length"] = 128
     assert composed == expected
 
@@ -86,6 +88,14 @@ def test_hydra_group_override() -> None:
 def gamma_of(attention: dict, block_size: int) -> float:
     model = GPT(ModelConfig(**{**TINY, "block_size": block_size}), attention)
     return model.blocks[0].attn.variant.gamma
+
+
+def test_sigmoid_bias_rule() -> None:
+    """b = -log n from the training context (their released config: -7.62 at n = 2048), or given directly."""
+    model = GPT(ModelConfig(**{**TINY, "block_size": 2048}), {"name": "sigmoid"})
+    assert model.blocks[0].attn.variant.bias == pytest.approx(-7.62, abs=5e-3)
+    model = GPT(ModelConfig(**TINY), {"name": "sigmoid", "bias": -10.0, "context_length": 4096})
+    assert model.blocks[0].attn.variant.bias == -10.0
 
 
 def test_clipped_softmax_gamma_rule() -> None:

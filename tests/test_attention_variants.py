@@ -40,6 +40,7 @@ CONFIGS = [{"name": name} for name in available_attention()] + [
     {"name": "sink", "chunk_size": 5},
     {"name": "softmax1", "sink_init": 1.5},
     {"name": "softpick", "chunk_size": 5},
+    {"name": "sigmoid", "chunk_size": 5, "bias": -1.0},
 ]
 IDS = [c["name"] + "".join(f"-{k}={v}" for k, v in c.items() if k != "name") for c in CONFIGS]
 POSITION_ENCODINGS = ["learned", "rotary", "alibi", "sinusoidal"]
