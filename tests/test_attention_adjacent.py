@@ -252,6 +252,35 @@ def test_qk_norm_layer_matches_transformers(scope: str) -> None:
     assert_all_close(ours_all, theirs_all)
 
 
+# --- ssmax: the paper's formula (Nakanishi 2025, eq. for SSMax; no official code) ---
+
+
+@pytest.mark.parametrize("start_pos", [0, 37])
+def test_ssmax_matches_the_papers_formula(start_pos: int) -> None:
+    """softmax((s_h log n_t) q k^T / sqrt(d_h)) with n_t the keys the query sees, also for queries after a cache.
+
+    In float64: s_h's gradient sums T x T x d_h terms that cancel (fp32 agrees only to ~1e-4 relative there).
+    """
+    ssmax = variant("ssmax").double()
+    with torch.no_grad():
+        ssmax.s.copy_(torch.tensor([0.2, 0.43, 1.0, 2.5]))
+    t_q, t_k = 6, start_pos + 6
+    q, k, v = qkv(t_q, t_k, kv=H, dtype=torch.float64)
+    ctx = AttentionContext(positions=torch.arange(start_pos, start_pos + t_q))
+    new_q, _, _ = ssmax.transform_qkv(torch.zeros(2, t_q, H * DH), q, k, v, ctx)
+    mask, is_causal = ctx.mask(t_q, t_k, torch.float64)
+    ours = values_and_grads(ssmax.attend(new_q, k, v, mask, is_causal, 0.0), (q, k, v, ssmax.s))
+    n = (torch.arange(t_q) + start_pos + 1).float()  # keys seen: the query's own 1-based position
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(DH) * (ssmax.s.view(1, H, 1, 1) * n.log().view(1, 1, t_q, 1))
+    visible = torch.arange(t_k)[None, :] <= (torch.arange(t_q) + start_pos)[:, None]
+    expected = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1) @ v
+    assert_all_close(ours, values_and_grads(expected, (q, k, v, ssmax.s)))
+
+
+def test_ssmax_init_is_the_papers_value() -> None:
+    assert torch.equal(variant("ssmax").s, torch.full((H,), 0.43))
+
+
 # --- memory: the explicit paths keep no (T x T) matrix for backward ---
 
 

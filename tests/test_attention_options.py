@@ -54,6 +54,7 @@ GPT2 = {"n_layer": 12, "n_head": 12, "n_embd": 768, "vocab_size": 50257, "block_
         ({"name": "softpick", "eps": -1e-8}, "attention.eps", ">= 0"),
         ({"name": "sigmoid", "bias": float("inf")}, "attention.bias", "finite"),
         ({"name": "sigmoid", "context_length": 0}, "attention.context_length", "positive"),
+        ({"name": "ssmax", "s_init": 0.0}, "attention.s_init", "positive"),
     ],
 )
 def test_bad_options_fail_at_construction(attention: dict, key: str, says: str) -> None:
@@ -123,6 +124,8 @@ def expected_overhead(attention: dict, c: dict) -> int:
         return n_layer * h if o.sink_logit == "learned" else 0
     if o.name.startswith("qk_norm"):
         return n_layer * (2 * dh if o.scope == "head" else (h + kv) * dh)
+    if o.name == "ssmax":
+        return n_layer * h
     if not hasattr(o, "components"):
         return 0
     total = 0
@@ -175,6 +178,7 @@ def test_gpt2_124m_overheads() -> None:
     assert gpt2_overhead({"name": "ssa_shared"})[1] < 0.005
     assert gpt2_overhead({"name": "ssa_feature"})[0] == 12 * 2 * 2 * 12  # beta + alpha per head, q and v
     assert gpt2_overhead({"name": "temp_frequency"})[0] == 12 * 12  # beta per head
+    assert gpt2_overhead({"name": "sink"})[0] == gpt2_overhead({"name": "ssmax"})[0] == 12 * 12  # one per head
     assert gpt2_overhead({"name": "softmax1"})[0] == gpt2_overhead({"name": "softpick"})[0] == 0
     assert gpt2_overhead({"name": "qk_norm"})[0] == 12 * 2 * 64  # one d_h weight for q, one for k
     assert gpt2_overhead({"name": "qk_norm_projection"})[0] == 12 * 2 * 768
