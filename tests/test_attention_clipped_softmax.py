@@ -80,11 +80,11 @@ def test_no_score_matrix_is_kept_for_backward() -> None:
 
 def test_a_single_chunk_is_not_recomputed_in_backward(monkeypatch: pytest.MonkeyPatch) -> None:
     """Recomputing the only chunk would save no memory and cost a second forward; several chunks still are."""
-    from attnlab.attention.variants import clipped_softmax
+    from attnlab.attention import chunked
 
     calls: list[int] = []
-    real = clipped_softmax.checkpoint
-    monkeypatch.setattr(clipped_softmax, "checkpoint", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    real = chunked.checkpoint
+    monkeypatch.setattr(chunked, "checkpoint", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     q, k, v = qkv(16, 16)
     clipped(chunk_size=16).attend(q, k, v, None, True, 0.0)
     assert calls == []

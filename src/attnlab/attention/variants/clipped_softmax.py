@@ -1,22 +1,23 @@
 """Clipped softmax (Bondarenko et al. 2023, eq. 4; spec section 2): attention can put exactly zero on a token.
 
 ``p~ = clip((zeta - gamma) * softmax(s) + gamma, 0, 1)``; rows no longer sum to one, on purpose. The fused
-kernel cannot clip, so ``attend`` runs the plain math over chunks of queries: each chunk sees its full key
-rows (the softmax is exact) and only a (chunk x T) score block exists at a time, recomputed in backward when
-there is more than one chunk.
+kernel cannot clip, so ``attend`` runs the plain math over chunks of queries (``attnlab.attention.chunked``): each
+chunk sees its full key rows (the softmax is exact) and only a (chunk x T) score block exists at a time, recomputed in
+backward when there is more than one chunk.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
-from attnlab.attention.base import AttentionShape, AttentionVariant, VariantOptions, causal_bias, register
+from attnlab.attention.base import AttentionShape, AttentionVariant, VariantOptions, register
+from attnlab.attention.chunked import over_query_chunks
 from attnlab.errors import require
 
 
@@ -65,26 +66,8 @@ class ClippedSoftmax(AttentionVariant):
         return torch.clamp((self.zeta - self.gamma) * torch.softmax(scores.float(), dim=-1) + self.gamma, 0, 1)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout: float) -> Tensor:
-        groups = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        t_q, offset = q.shape[2], k.shape[2] - q.shape[2]  # query i sits at key index i + offset
-        chunks = []
-        # one chunk holds no more than the plain math would: recomputing it in backward would only cost time
-        recompute = torch.is_grad_enabled() and t_q > self.options.chunk_size
-        for start in range(0, t_q, self.options.chunk_size):
-            stop = min(start + self.options.chunk_size, t_q)
-            keys, bias = k.shape[2], None
-            if mask is not None:
-                bias = mask[..., start:stop, :].float()
-            elif is_causal:  # keys after the chunk's last query are masked for every row: skip them
-                keys = stop + offset
-                bias = causal_bias(stop - start, keys, q.device)
-            args = (q[:, :, start:stop], k[:, :, :keys], v[:, :, :keys], bias, dropout)
-            if recompute:
-                chunks.append(checkpoint(self._chunk, *args, use_reentrant=False))
-            else:
-                chunks.append(self._chunk(*args))
-        return torch.cat(chunks, dim=2)
+        chunk = partial(self._chunk, dropout=dropout)
+        return over_query_chunks(chunk, q, k, v, mask, is_causal, self.options.chunk_size)
 
     def _chunk(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, dropout: float) -> Tensor:
         """Exact clipped attention for a chunk of queries over its keys, in fp32 even under autocast."""
