@@ -120,11 +120,11 @@ class PlainLogFormatter(LogFormatter):
         return f"{x:g}" if super().__call__(x, pos) else ""
 
 
-def plain_log_ticks(axis: Any) -> None:
+def plain_log_ticks(axis: Any, decades: float = 1) -> None:
     """Log-axis tick labels as plain numbers (``300``, ``0.6``, not ``3x10^2``, ``6e-01``), some minor ones labelled
-    on short ranges."""
+    on ranges up to ``decades`` decades (all of them below half a decade)."""
     axis.set_major_formatter(PlainLogFormatter())
-    axis.set_minor_formatter(PlainLogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.5)))
+    axis.set_minor_formatter(PlainLogFormatter(labelOnlyBase=False, minor_thresholds=(decades, 0.5)))
 
 
 def step_ticks(ax: Any, steps: Sequence[int]) -> None:
@@ -531,7 +531,7 @@ def trajectory_figure(
             labels.append(f"line: mean over seeds\n{band_label('min-max', len(seeds), 'seeds')}")
         loss_axis = top_axes[0]
         loss_axis.set_yscale("log")
-        plain_log_ticks(loss_axis.yaxis)
+        plain_log_ticks(loss_axis.yaxis, decades=2)
         loss_axis.set(title=loss_label, xlabel=xlabel, ylabel=loss_label + " (log scale)")
         loss_axis.legend(entries, labels, loc="best", frameon=True, framealpha=0.9, edgecolor="none")
         thousands_ticks(loss_axis, steps)
@@ -565,7 +565,7 @@ def trajectory_figure(
                 ax.set(title=f"seed {seed}", xlabel=xlabel)
                 thousands_ticks(ax, steps)
             panels[0].set_ylabel(temperature_label + " (log scale)")
-            plain_log_ticks(panels[0].yaxis)
+            plain_log_ticks(panels[0].yaxis, decades=2)
             lower.legend(handles, groups, loc="outside lower center", ncols=len(groups))
             lower.suptitle(temperature_title, fontsize=10)
         fig.suptitle(title)
