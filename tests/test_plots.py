@@ -3,16 +3,25 @@ axis labels with units, bands explained, ours and the paper's on one axis, integ
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import matplotlib
 import pandas as pd
 import pytest
+import torch
+from experiments import paper_numbers
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from omegaconf import open_dict
 
+import attnlab.resolvers  # noqa: F401
 from attnlab import plots
 
 matplotlib.use("Agg")
+CONF = Path(__file__).resolve().parents[1] / "experiments" / "conf"
 
 
 def texts(fig: Figure) -> str:
@@ -23,6 +32,38 @@ def texts(fig: Figure) -> str:
     for legend in fig.legends:
         found += [t.get_text() for t in legend.get_texts()]
     return "\n".join(found)
+
+
+def colliding_text(fig: Figure) -> list[tuple[str, str]]:
+    """Pairs of (text, what it runs into) where a panel's title, axis label or tick label overlaps another panel's
+    text or plotting area, or the figure's title, once drawn: empty for a figure that reads."""
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+
+    def shown_ticks(ax: object) -> list[object]:
+        """The tick labels drawn: those inside the view (matplotlib keeps labels for ticks beyond it)."""
+        (x0, x1), (y0, y1) = sorted(ax.get_xlim()), sorted(ax.get_ylim())
+        xs = [t for minor in (False, True) for t in ax.get_xticklabels(minor=minor) if x0 <= t.get_position()[0] <= x1]
+        ys = [t for minor in (False, True) for t in ax.get_yticklabels(minor=minor) if y0 <= t.get_position()[1] <= y1]
+        return xs + ys
+
+    def text_boxes(ax: object) -> list[tuple[str, object]]:
+        found = [ax.title, ax.xaxis.label, ax.yaxis.label, *shown_ticks(ax)]
+        return [(t.get_text(), t.get_window_extent(renderer)) for t in found if t.get_visible() and t.get_text()]
+
+    def overlap(a: object, b: object) -> bool:
+        return min(a.x1, b.x1) - max(a.x0, b.x0) > 1 and min(a.y1, b.y1) - max(a.y0, b.y0) > 1
+
+    suptitles = [fig._suptitle] + [sub._suptitle for sub in fig.subfigs]
+    titles = [(t.get_text(), t.get_window_extent(renderer)) for t in suptitles if t is not None and t.get_text()]
+    found = []
+    for one, other in itertools.permutations(axes, 2):
+        targets = [*text_boxes(other), ("plotting area", other.get_window_extent(renderer))]
+        found += [(a, b) for a, box in text_boxes(one) for b, target in targets if overlap(box, target)]
+    for ax in axes:
+        found += [(a, t) for a, box in text_boxes(ax) for t, title in titles if overlap(box, title)]
+    return found
 
 
 def rendered(fig: Figure, path: Path) -> Figure:
@@ -169,3 +210,118 @@ def test_a_tables_figures_name_the_table_scale_and_our_model_per_row(tmp_path: P
     training = results.training_figure()
     assert training is not None and "OPT-125m row: our tiny, 0.95M params" in texts(training)
     assert [t.get_text() for t in training.axes[0].get_xticklabels()] == ["10", "20", "30"]  # steps done, not 0-based
+
+
+def test_matrices_share_one_labelled_colour_scale_and_no_text_collides(tmp_path: Path) -> None:
+    truth = torch.tensor([[0.5, 0.5, 0.0], [0.0, 0.5, 0.5], [0.0, 0.0, 1.0]])
+    grid = [
+        [("P* (ground truth)", truth), ("vanilla: attention map P^\nsum |P^ - P*| = 1.2 ± 0.1", truth.roll(1, 1))],
+        [("P* (ground truth)", truth), ("vanilla: predicted transition G\nsum |G - P*| = 0.5 ± 0.1", truth * 0.9)],
+    ]
+    fig = plots.matrices_figure(
+        grid, "maps, lr 1e-4", xlabels=["key token (node id)", "next token (node id)"],
+        ylabel="query: last token (node id)", value_label="probability (each row sums to 1)", ticks=["0", "1", "2"],
+    )  # fmt: skip
+    rendered(fig, tmp_path / "m.png")
+    bar = fig.axes[-1]
+    assert bar.get_ylabel() == "probability (each row sums to 1)"  # the one colour bar names its value
+    panels = fig.axes[:-1]
+    assert [ax.get_ylabel() for ax in panels] == ["query: last token (node id)", "", "query: last token (node id)", ""]
+    assert [ax.get_xlabel() for ax in panels[2:]] == ["next token (node id)"] * 2
+    assert {ax.images[0].get_clim() for ax in panels} == {(0.0, 1.0)}  # one colour scale for every panel
+    assert ".50" in [t.get_text() for t in panels[0].texts] and "0" not in [t.get_text() for t in panels[0].texts]
+    assert colliding_text(fig) == []
+
+
+def test_the_collision_check_catches_labels_running_into_the_next_panel() -> None:
+    """The old Figure 3's fault: long titles and y labels on panels packed side by side."""
+    fig = Figure(figsize=(6, 2.5))
+    for ax in fig.subplots(1, 3):
+        ax.set(title="vanilla: predicted transition g(X)", ylabel="query token", xlabel="key / next token")
+    assert colliding_text(fig)
+
+
+def trajectory_rows(seeds: int, steps: tuple[int, ...]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    losses, temperatures = [], []
+    for series, seed, step in itertools.product(("vanilla", "ssa"), range(seeds), steps):
+        losses.append({"series": series, "seed": seed, "step": step, "value": 1.0 / (1 + step / 1000) + 0.01 * seed})
+    for group, seed, step in itertools.product(range(1, 5), range(seeds), steps):
+        temperatures.append({"series": f"T, {group} options", "seed": seed, "step": step, "value": group / (1 + seed)})
+    return pd.DataFrame(losses), pd.DataFrame(temperatures)
+
+
+def test_trajectory_shows_the_seed_spread_a_panel_per_seed_and_says_what_the_band_spans(tmp_path: Path) -> None:
+    steps = tuple(range(0, 400_001, 20_000))
+    losses, temperatures = trajectory_rows(3, steps)
+    ratio = pd.DataFrame({"step": steps, "value": [1.0 - step / 1e6 for step in steps]})
+    fig = plots.trajectory_figure(
+        losses, "checks, lr 1e-4, 3 seeds", loss_label="CE - H(P*), nats", ratio=ratio, ratio_label="SSA / vanilla",
+        paper_ratio=(0.71, "paper: 0.71"), temperatures=temperatures, temperature_label="learned T",
+        temperature_title="SSA only",
+    )  # fmt: skip
+    rendered(fig, tmp_path / "t.png")
+    loss, ratio_axis, *seed_axes = fig.axes
+    legend = [t.get_text() for t in loss.get_legend().get_texts()]
+    assert "vanilla (3 seeds)" in legend and "line: mean over seeds\nband: min-max over 3 seeds" in legend
+    assert loss.collections and loss.get_yscale() == "log" and "log scale" in loss.get_ylabel()
+    assert "paper: 0.71" in [t.get_text() for t in ratio_axis.get_legend().get_texts()]
+    assert [ax.get_title() for ax in seed_axes] == ["seed 0", "seed 1", "seed 2"]
+    assert len({ax.get_ylim() for ax in seed_axes}) == 1  # one y axis: the seeds compare
+    assert fig.subfigs[1].get_suptitle() == "SSA only" and "log scale" in seed_axes[0].get_ylabel()
+    ticks = [t.get_text() for t in loss.get_xticklabels() if t.get_text()]
+    assert "400k" in ticks and all(t == "0" or t.endswith("k") for t in ticks)  # no six-digit labels
+    assert colliding_text(fig) == []
+    one = plots.trajectory_figure(trajectory_rows(1, (0, 10, 20))[0], "one seed", loss_label="loss")
+    assert len(one.axes) == 1 and not one.axes[0].collections  # one seed: no band, and none named
+    assert "band" not in "".join(t.get_text() for t in one.axes[0].get_legend().get_texts())
+
+
+def synthetic_config(tmp_path: Path, experiment: str):
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="synthetic", overrides=[f"synthetic_table={experiment}"])
+    GlobalHydra.instance().clear()
+    with open_dict(cfg):
+        cfg.results_dir = str(tmp_path)
+    return cfg
+
+
+@pytest.mark.parametrize("experiment", ["table1/default", "table1/options/readout_attention"])
+def test_table1_figures_name_the_protocol_lr_seeds_and_our_model(tmp_path: Path, experiment: str) -> None:
+    """attnlab.synthetic.tables: Figure 3 and the trajectory drawn from hand-made maps.csv and trajectory.csv."""
+    from attnlab.synthetic.data import transition_matrix
+    from attnlab.synthetic.tables import draw_table1, figure3, trajectory_figure
+
+    cfg = synthetic_config(tmp_path, experiment)
+    truth = transition_matrix(8, [[0, 1], [0, 2], [0, 3], [1, 4], [2, 5], [3, 6]])
+    maps = [
+        {"model": model, "kind": kind, "seed": seed, "query": q, "key": k, "value": float(truth[q, k]) * 0.9 + 0.0125}
+        for model, kind, seed, q, k in itertools.product(("vanilla", "ssa"), ("attention", "transition"), range(5),
+                                                          range(8), range(8))
+    ]  # fmt: skip
+    trajectory = [
+        {"model": model, "seed": seed, "step": step, "cross_entropy": 1.0, "kl": 1 / (1 + step / 1000 + seed)}
+        | ({f"T_{n}_option{'s' if n > 1 else ''}": n / (1 + seed) for n in range(1, 5)} if model == "ssa" else {})
+        for model, seed, step in itertools.product(("vanilla", "ssa"), range(5), range(0, 20_001, 2000))
+    ]
+    pd.DataFrame(maps).to_csv(tmp_path / "maps.csv", index=False)
+    pd.DataFrame(trajectory).to_csv(tmp_path / "trajectory.csv", index=False)
+    assert [p.name for p in draw_table1(cfg, paper_numbers.TABLE1)] == ["figure3.png", "trajectory.png"]
+    one_row = experiment.endswith("readout_attention")
+    for fig in (figure3(cfg, truth, pd.DataFrame(maps), 20_000), trajectory_figure(cfg, pd.DataFrame(trajectory),
+                                                                                   paper_numbers.TABLE1)):  # fmt: skip
+        title = fig.get_suptitle()
+        assert "20,000 Adam steps at lr 1e-4, batch 128; 5 seeds (0-4)" in title
+        assert f"readout {'attention' if one_row else 'head'}" in title and "SSA q * tau" in title
+        assert "d = 8" in title and "vanilla 384 params" in title if not one_row else "params" in title
+        assert colliding_text(fig) == []
+    maps_figure = figure3(cfg, truth, pd.DataFrame(maps), 20_000)
+    assert maps_figure.axes[-1].get_ylabel() == "probability (each row sums to 1)"
+    panels = [ax for ax in maps_figure.axes[:-1] if ax.get_visible()]
+    assert len(panels) == (3 if one_row else 6)
+    assert "vanilla: attention map P^" in panels[1].get_title() and "sum |P^ - P*| = " in panels[1].get_title()
+    if not one_row:
+        assert "sum |G - P*|" in panels[4].get_title() and panels[4].get_xlabel() == "next token (node id)"
+    steps = trajectory_figure(cfg, pd.DataFrame(trajectory), paper_numbers.TABLE1)
+    assert "SSA only" in steps.subfigs[1].get_suptitle()
+    assert steps.subfigs[1].legends[0].get_texts()[0].get_text() == "T, 1 option (node 7)"

@@ -404,8 +404,13 @@ def test_table1_quick(tmp_path: Path) -> None:
     assert temperatures.paper.tolist() == [0.002, 0.019, 0.152, 0.751]
     assert frame.ours_mean.notna().all() and frame.ours_std.gt(0).any()
     assert {p.name for p in tmp_path.iterdir()} == {
-        "table1.md", "table1.csv", "figure3.png", "trajectory.csv", "trajectory.png", "ratio.csv"
+        "table1.md", "table1.csv", "figure3.png", "maps.csv", "trajectory.csv", "trajectory.png", "ratio.csv"
     }  # fmt: skip
+    maps = pd.read_csv(tmp_path / "maps.csv")  # Figure 3's data: every seed's P^ and G, so render=true redraws it
+    assert (
+        len(maps) == 2 * 2 * 2 * 64
+        and maps.groupby(["model", "kind", "seed", "query"]).value.sum().round(5).eq(1).all()
+    )
     text = (tmp_path / "table1.md").read_text()
     assert "0.358" in text and "2 seeds, 30 Adam steps (lr 0.0001, batch 16), d = 8, embedding unit_norm" in text
     assert "readout head, SSA's scalar: q * tau (Definition 1's inverse temperature), reported as T = 1/tau" in text
@@ -415,6 +420,14 @@ def test_table1_quick(tmp_path: Path) -> None:
     shown = frame[(frame.model == "ssa") & frame.quantity.str.startswith("cross-entropy - H")].ours_mean.item()
     assert ratio.kl_ssa.iloc[-1] == pytest.approx(shown)
     assert "SSA minus vanilla, paired by seed" in text and "paper -0.0036" in text and "paper -0.185" in text
+    written = {name: (tmp_path / name).read_bytes() for name in ("table1.csv", "table1.md", "maps.csv")}
+    for png in ("figure3.png", "trajectory.png"):
+        (tmp_path / png).unlink()
+    with open_dict(cfg):
+        cfg.render = True  # redraw the figures from the CSVs, training nothing
+    run(cfg, paper_numbers.TABLE1)
+    assert (tmp_path / "figure3.png").exists() and (tmp_path / "trajectory.png").exists()
+    assert {name: (tmp_path / name).read_bytes() for name in written} == written
 
 
 def test_the_ssa_effect_is_paired_by_seed_with_an_interval_and_a_verdict() -> None:

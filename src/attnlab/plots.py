@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib as mpl
+import numpy as np
 import pandas as pd
 from cycler import cycler
 from matplotlib.colors import ListedColormap, Normalize
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
-from matplotlib.ticker import FixedLocator, LogFormatter, MaxNLocator
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogFormatter, MaxNLocator
 
 # Okabe & Ito's colour-blind-safe colours (yellow left out: too pale for lines on white), then three of Paul Tol's
 # that stay apart from them; each series also gets its own marker, so even 10 lines read apart in grey print
@@ -112,10 +113,18 @@ def wants_log(values: Sequence[float] | pd.Series) -> bool:
     return bool(found) and min(found) > 0 and max(found) / min(found) >= LOG_SPAN
 
 
-def plain_log_ticks(axis: Any) -> None:
-    """Log-axis tick labels as plain numbers (``300``, not ``3x10^2``), some minor ones labelled on short ranges."""
-    axis.set_major_formatter(LogFormatter())
-    axis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.5)))
+class PlainLogFormatter(LogFormatter):
+    """``LogFormatter``'s choice of which ticks to label, each label a plain number (``0.6``, not ``6e-01``)."""
+
+    def __call__(self, x: float, pos: int | None = None) -> str:
+        return f"{x:g}" if super().__call__(x, pos) else ""
+
+
+def plain_log_ticks(axis: Any, decades: float = 1) -> None:
+    """Log-axis tick labels as plain numbers (``300``, ``0.6``, not ``3x10^2``, ``6e-01``), some minor ones labelled
+    on ranges up to ``decades`` decades (all of them below half a decade)."""
+    axis.set_major_formatter(PlainLogFormatter())
+    axis.set_minor_formatter(PlainLogFormatter(labelOnlyBase=False, minor_thresholds=(decades, 0.5)))
 
 
 def step_ticks(ax: Any, steps: Sequence[int]) -> None:
@@ -404,4 +413,160 @@ def text_heatmap_figure(
         bar = fig.colorbar(scale, cax=bar_axes, orientation="horizontal")
         bar.set_label(f"{value_label}; darker = lower", fontsize=fontsize)
         fig.suptitle(title, fontsize=fontsize + 1, y=1 - 0.1 / height, va="top")
+    return fig
+
+
+# ------------------------------------------------------------------------------------------------ matrices
+def matrices_figure(
+    grid: Sequence[Sequence[tuple[str, Any] | None]],
+    title: str,
+    *,
+    xlabels: Sequence[str],
+    ylabel: str,
+    value_label: str,
+    ticks: Sequence[str],
+    limits: tuple[float, float] = (0.0, 1.0),
+) -> Figure:
+    """Square matrices as heat maps on one colour scale: ``grid`` rows of ``(panel title, matrix)`` (anything
+    ``numpy.asarray`` reads; None leaves the cell empty), ``xlabels`` one per grid row (what its columns are), the
+    ``ylabel`` on the first column only, each cell's value printed on it (blank where it rounds to 0), and one colour
+    bar named ``value_label``."""
+    rows, columns = len(grid), max(len(row) for row in grid)
+    size = len(ticks)
+    with style():
+        fig = Figure(figsize=(2.9 * columns + 1.2, 3.7 * rows + 1.1), layout="constrained")
+        axes = fig.subplots(rows, columns, squeeze=False)
+        image = None
+        for r, row in enumerate(grid):
+            for c in range(columns):
+                ax = axes[r][c]
+                cell = row[c] if c < len(row) else None
+                if cell is None:
+                    ax.set_visible(False)
+                    continue
+                panel_title, matrix = cell
+                values = np.asarray(matrix, dtype=float)
+                image = ax.imshow(values, vmin=limits[0], vmax=limits[1], cmap=HEAT)
+                for (i, j), value in np.ndenumerate(values):
+                    if round(value, 2):
+                        shade = text_colour(HEAT((value - limits[0]) / (limits[1] - limits[0])))
+                        ax.text(j, i, f"{value:.2f}".removeprefix("0"), ha="center", va="center", fontsize=5.5,
+                                color=shade)  # fmt: skip
+                ax.set_title(panel_title, fontsize=8.5)
+                ax.set_xticks(range(size), ticks)
+                ax.set_yticks(range(size), ticks if c == 0 else [])
+                ax.set_xlabel(xlabels[r], fontsize=8)
+                if c == 0:
+                    ax.set_ylabel(ylabel)
+                ax.grid(False)
+        if image is not None:
+            bar = fig.colorbar(image, ax=axes.flatten().tolist(), shrink=0.7, pad=0.02)
+            bar.set_label(value_label)
+        fig.suptitle(title)
+    return fig
+
+
+# ------------------------------------------------------------------------------------------------ trajectories
+def thousands_ticks(ax: Any, steps: Sequence[int]) -> None:
+    """Step ticks: ``20k`` once the steps reach 10,000 (six-digit labels run into each other), else ``step_ticks``."""
+    if max(steps, default=0) < 10_000:
+        step_ticks(ax, steps)
+        return
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=5, integer=True, steps=[1, 2, 2.5, 5, 10]))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda step, _: f"{step / 1000:g}k" if step else "0"))
+
+
+def every(steps: Sequence[int] | pd.Series) -> int:
+    """``markevery`` for a curve: about 20 markers, enough to tell the series apart without hiding the line."""
+    return max(1, len(steps) // 20)
+
+
+def _mean_and_band(ax: Any, frame: pd.DataFrame, look: Mapping[str, Any]) -> tuple[Any, int]:
+    """The mean over seeds of ``frame`` (``seed``, ``step``, ``value``) as a line, their min-max as a band."""
+    stats = frame.groupby("step")["value"].agg(["mean", "min", "max"])
+    steps = stats.index.to_numpy()
+    (line,) = ax.plot(
+        steps, stats["mean"], color=look["color"], marker=look["marker"], markersize=3, markevery=every(steps)
+    )
+    seeds = int(frame["seed"].nunique())
+    if seeds > 1:
+        ax.fill_between(steps, stats["min"], stats["max"], color=look["color"], alpha=0.18, linewidth=0)
+    return line, seeds
+
+
+def trajectory_figure(
+    losses: pd.DataFrame,
+    title: str,
+    *,
+    loss_label: str,
+    ratio: pd.DataFrame | None = None,
+    ratio_label: str = "",
+    paper_ratio: tuple[float, str] | None = None,
+    temperatures: pd.DataFrame | None = None,
+    temperature_label: str = "",
+    temperature_title: str = "",
+    xlabel: str = "optimizer steps done",
+) -> Figure:
+    """A training run's checks. Top: ``losses`` (``series``, ``seed``, ``step``, ``value``) per series, the mean
+    over seeds with a min-max band (log axis), and ``ratio`` (``step``, ``value``: one line, with the paper's value
+    ``paper_ratio`` dotted). Bottom, if ``temperatures`` (``series``, ``seed``, ``step``, ``value``) is given: one
+    panel per seed with every series of it, on one shared log axis, so each seed's ordering shows (a band would hide
+    it). The legend names the seeds and what the band spans."""
+    seeds = sorted(losses["seed"].unique())
+    steps = losses["step"].unique().tolist()
+    top = 1 + (ratio is not None)
+    bottom = 0 if temperatures is None else len(temperatures["seed"].unique())
+    width = max(10.5, 2.35 * bottom + 0.8)
+    with style():
+        fig = Figure(figsize=(width, 3.4 + (3.0 if bottom else 0.0) + 1.2), layout="constrained")
+        upper, lower = fig.subfigures(2, 1, height_ratios=[3.4, 3.0]) if bottom else (fig, None)
+        top_axes = upper.subplots(1, top, squeeze=False)[0]
+        entries, labels = [], []
+        for index, name in enumerate(dict.fromkeys(losses["series"])):
+            line, count = _mean_and_band(top_axes[0], losses[losses["series"] == name], series_style(index))
+            entries.append(line)
+            labels.append(f"{name} ({count} seed{'s' if count != 1 else ''})")
+        if len(seeds) > 1:
+            entries.append(Patch(color="#999999", alpha=0.35))
+            labels.append(f"line: mean over seeds\n{band_label('min-max', len(seeds), 'seeds')}")
+        loss_axis = top_axes[0]
+        loss_axis.set_yscale("log")
+        plain_log_ticks(loss_axis.yaxis, decades=2)
+        loss_axis.set(title=loss_label, xlabel=xlabel, ylabel=loss_label + " (log scale)")
+        loss_axis.legend(entries, labels, loc="best", frameon=True, framealpha=0.9, edgecolor="none")
+        thousands_ticks(loss_axis, steps)
+        if ratio is not None:
+            ratio_axis = top_axes[1]
+            ratio_axis.plot(ratio["step"], ratio["value"], color=PALETTE[6], marker="o", markersize=3,
+                            markevery=every(ratio["step"]), label="ratio of the seed means")  # fmt: skip
+            if paper_ratio is not None:
+                ratio_axis.axhline(paper_ratio[0], color=PAPER_COLOUR, linestyle=":", linewidth=1.5,
+                                   label=paper_ratio[1])  # fmt: skip
+            ratio_axis.axhline(1.0, color="#777777", linestyle="--", linewidth=1, label="1: no difference")
+            ratio_axis.set(title=wrap(ratio_label, 60), xlabel=xlabel, ylabel="ratio (no unit)")
+            low, high = ratio_axis.get_ylim()
+            ratio_axis.set_ylim(low, high + 0.4 * (high - low))  # headroom: the legend sits above the curve
+            ratio_axis.legend(loc="upper center", ncols=2)
+            thousands_ticks(ratio_axis, steps)
+        if temperatures is not None and lower is not None:
+            panels = lower.subplots(1, bottom, squeeze=False, sharey=True)[0]
+            groups = list(dict.fromkeys(temperatures["series"]))
+            handles = []
+            for ax, seed in zip(panels, sorted(temperatures["seed"].unique()), strict=True):
+                part = temperatures[temperatures["seed"] == seed]
+                for index, group in enumerate(groups):
+                    curve = part[part["series"] == group].sort_values("step")
+                    look = series_style(index + 2)  # the loss series keep colours 0 and 1
+                    (line,) = ax.plot(curve["step"], curve["value"], color=look["color"], marker=look["marker"],
+                                      markersize=3, markevery=every(curve["step"]), linewidth=1)  # fmt: skip
+                    if len(handles) < len(groups):
+                        handles.append(line)
+                ax.set_yscale("log")
+                ax.set(title=f"seed {seed}", xlabel=xlabel)
+                thousands_ticks(ax, steps)
+            panels[0].set_ylabel(temperature_label + " (log scale)")
+            plain_log_ticks(panels[0].yaxis, decades=2)
+            lower.legend(handles, groups, loc="outside lower center", ncols=len(groups))
+            lower.suptitle(temperature_title, fontsize=10)
+        fig.suptitle(title)
     return fig

@@ -8,18 +8,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import pandas as pd
 import torch
-from matplotlib.ticker import FuncFormatter
+from matplotlib.figure import Figure
 from omegaconf import DictConfig, OmegaConf
 
+from attnlab import plots
 from attnlab.digest import digest
 from attnlab.errors import require, require_choice
 from attnlab.synthetic.data import entropy, option_counts, transition_matrix
+from attnlab.synthetic.model import SyntheticAttentionModel
 from attnlab.synthetic.runs import (
     Convergence,
     DenoisingTask,
@@ -269,17 +267,12 @@ def run_table1(cfg: DictConfig, paper: dict[str, Any]) -> pd.DataFrame:
     results = Path(cfg.results_dir)
     results.mkdir(parents=True, exist_ok=True)
     frame.to_csv(results / "table1.csv", index=False)
-    maps = {}
-    for kind, attribute in (("attention", "attention_map"), ("predicted transition", "transition")):
-        for label, model_runs in runs.items():
-            maps[f"{label}: {kind}"] = torch.stack([getattr(r, attribute) for r in model_runs]).mean(0)
-    figure3(transition, maps, results / "figure3.png")
+    maps_frame(runs, list(cfg.seeds)).to_csv(results / "maps.csv", index=False)
     notes = ""
     check_every = record_every if isinstance(steps, int) else steps.check_every
     if check_every is not None:
         trajectory = trajectories(trainings, check_every, entropy(transition).item(), group_options)
         trajectory.to_csv(results / "trajectory.csv", index=False)
-        plot_trajectories(trajectory, results / "trajectory.png")
         if {"vanilla", "ssa"} <= runs.keys():
             ratio = kl_ratio(trajectory)
             ratio.to_csv(results / "ratio.csv", index=False)
@@ -312,6 +305,7 @@ def run_table1(cfg: DictConfig, paper: dict[str, Any]) -> pd.DataFrame:
         "as predicted transition g(X), averaged over seeds).\n\n"
     )
     (results / "table1.md").write_text(header + notes + markdown(frame) + "\n")
+    draw_table1(cfg, paper)
     return frame
 
 
@@ -331,38 +325,152 @@ def trajectories(
     return pd.DataFrame(rows, columns=["model", "seed", "step", "cross_entropy", "kl", *by_options])
 
 
-def plot_trajectories(trajectory: pd.DataFrame, path: Path) -> None:
-    """Excess loss per model and each temperature against steps, seed means (log scale): flat ends = converged."""
-    means = trajectory.drop(columns="seed").groupby(["model", "step"]).mean().reset_index()
-    temperature_columns = [c for c in trajectory.columns if c.startswith("T_")]
-    figure, (loss_axis, temperature_axis) = plt.subplots(1, 2, figsize=(11, 3.8))
-    for label, curve in means.groupby("model"):
-        loss_axis.plot(curve.step, curve.kl, label=label)
-    for column in temperature_columns:
-        curve = means.dropna(subset=[column])
-        temperature_axis.plot(curve.step, curve[column], label=column.removeprefix("T_").replace("_", " "))
-    loss_axis.set(xlabel="step", ylabel="CE - H(P*) (mean over seeds)", yscale="log")
-    temperature_axis.set(xlabel="step", ylabel="learned temperature T (mean over seeds)", yscale="log")
-    thousands = FuncFormatter(lambda step, _: f"{step / 1000:g}k" if step else "0")  # 400000 steps overlap
-    for axis in (loss_axis, temperature_axis):
-        axis.legend()
-        axis.xaxis.set_major_formatter(thousands)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(figure)
+def lr_text(lr: float) -> str:
+    """``1e-4``, ``2.5e-3``: a learning rate as the figures print it."""
+    mantissa, exponent = f"{lr:.3e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
 
 
-def figure3(transition: torch.Tensor, maps: dict[str, torch.Tensor], path: Path) -> None:
-    """P* beside each model's P^ (rows: query token, columns: key / next token), one colour scale. The paper
-    calls P^ both the attention map and the estimated transition matrix, so ``maps`` holds both kinds."""
-    panels = {"P* (ground truth)": transition, **maps}
-    figure, axes = plt.subplots(1, len(panels), figsize=(3.4 * len(panels), 3.4))
-    for axis, (title, matrix) in zip(axes, panels.items(), strict=True):
-        image = axis.imshow(matrix.numpy(), vmin=0, vmax=1, cmap="viridis")
-        axis.set(title=title, xlabel="key / next token", ylabel="query token", xticks=range(8), yticks=range(8))
-    figure.colorbar(image, ax=list(axes), shrink=0.8)
-    figure.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(figure)
+def seeds_text(seeds: list[int]) -> str:
+    """``5 seeds (0-4)``, ``2 seeds (3, 7)``."""
+    consecutive = len(seeds) > 2 and seeds == list(range(seeds[0], seeds[-1] + 1))
+    listed = f"{seeds[0]}-{seeds[-1]}" if consecutive else ", ".join(map(str, seeds))
+    return f"{len(seeds)} seed{'s' if len(seeds) != 1 else ''} ({listed})"
+
+
+def parameter_counts(cfg: DictConfig) -> dict[str, int]:
+    """Trainable parameters of each model of ``cfg.models`` as built for Table 1 (the same for every seed)."""
+    counts = {}
+    for label, attention in cfg.models.items():
+        with torch.random.fork_rng():  # building initialises weights: leave the global generator as it was
+            model = SyntheticAttentionModel(
+                cfg.model.dim, OmegaConf.to_container(attention), cfg.graph.nodes, cfg.graph.nodes, cfg.graph.nodes,
+                bias=cfg.model.bias, embedding=cfg.model.embedding, readout=cfg.model.readout,
+            )  # fmt: skip
+        counts[label] = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return counts
+
+
+def figure_caption(cfg: DictConfig, last_step: int) -> str:
+    """What every Table 1 figure says it shows: the protocol, the training, the seeds and our model's real size."""
+    protocol = f"embedding {cfg.model.embedding}, readout {cfg.model.readout}"
+    if "ssa" in cfg.models:
+        protocol += ", SSA " + ("q * tau" if cfg.models.ssa.get("scaling", "multiply") == "multiply" else "q / T")
+    optim = cfg.optim
+    if optim.until == "steps":
+        trained = f"{optim.steps:,} Adam steps at lr {lr_text(optim.lr)}, batch {optim.batch_size}"
+    else:
+        trained = (
+            f"Adam at lr {lr_text(optim.lr)}, batch {optim.batch_size}, until converged or the cap of "
+            f"{optim.convergence.max_steps:,} steps (last check: step {last_step:,})"
+        )
+    sizes = ", ".join(f"{label} {count:,} params" for label, count in parameter_counts(cfg).items())
+    return (
+        f"protocol: {protocol}; {trained}; {seeds_text(list(cfg.seeds))}\n"
+        f"our model: 1 attention layer, 1 head, d = {cfg.model.dim}, {cfg.graph.nodes}-node graph ({sizes})"
+    )
+
+
+def maps_frame(runs: dict[str, list[GraphRun]], seeds: list[int]) -> pd.DataFrame:
+    """Every seed's P^ (``attention``) and G (``transition``) per model, one row per entry: Figure 3's data, so the
+    figure can be redrawn without training (``render=true``)."""
+    rows = []
+    for label, model_runs in runs.items():
+        for kind, attribute in (("attention", "attention_map"), ("transition", "transition")):
+            for seed, run in zip(seeds, model_runs, strict=True):
+                matrix = getattr(run, attribute)
+                for query, key in itertools.product(range(matrix.shape[0]), range(matrix.shape[1])):
+                    rows.append([label, kind, seed, query, key, matrix[query, key].item()])
+    return pd.DataFrame(rows, columns=["model", "kind", "seed", "query", "key", "value"])
+
+
+def figure3(cfg: DictConfig, transition: torch.Tensor, maps: pd.DataFrame, last_step: int) -> Figure:
+    """P* beside each model's seed-mean P^ (top row: the attention map; bottom row: the predicted transition G, left
+    out when the map is the readout and G = P^), each panel titled with its sum |. - P*| as mean ± std over seeds."""
+    nodes = transition.shape[0]
+    seeds = sorted(maps["seed"].unique())
+    truth = ("P* (ground truth)", transition.numpy())
+    kinds = {"attention": ("attention map P^", "P^", "key token attended to (node id)")}
+    if cfg.model.readout == "head":
+        kinds["transition"] = ("predicted transition G = g(X)", "G", "next token (node id)")
+    else:  # the map is the prediction: one row
+        kinds = {"attention": ("attention map P^ = prediction G", "P^", "key token attended to = next token (node id)")}
+    grid, xlabels = [], []
+    for kind, (name, symbol, xlabel) in kinds.items():
+        row: list[tuple[str, Any] | None] = [truth]
+        for label in dict.fromkeys(maps["model"]):
+            part = maps[(maps["model"] == label) & (maps["kind"] == kind)]
+            per_seed = torch.tensor(
+                [part[part["seed"] == seed].sort_values(["query", "key"])["value"].tolist() for seed in seeds]
+            ).reshape(len(seeds), nodes, nodes)
+            errors = (per_seed - transition).abs().sum(dim=(1, 2))
+            spread = f" ± {errors.std().item():.2g}" if len(seeds) > 1 else ""
+            row.append((f"{label}: {name}\nsum |{symbol} - P*| = {errors.mean().item():.3g}{spread}", per_seed.mean(0)))
+        grid.append(row)
+        xlabels.append(xlabel)
+    title = (
+        f"SSA Table 1 / Figure 3, ours: P* beside each model's maps, each the mean over the seeds (sum |. - P*|: mean "
+        f"± std over the seeds)\n{figure_caption(cfg, last_step)}"
+    )
+    return plots.matrices_figure(
+        grid,
+        title,
+        xlabels=xlabels,
+        ylabel="query: last token (node id)",
+        value_label="probability (each row sums to 1)",
+        ticks=[str(t) for t in range(nodes)],
+    )
+
+
+def trajectory_figure(cfg: DictConfig, trajectory: pd.DataFrame, paper: dict[str, Any]) -> Figure:
+    """CE - H(P*) per model against steps (mean and min-max over seeds), SSA / vanilla of the seed means beside
+    the paper's ratio, and SSA's learned temperature per group, one panel per seed."""
+    losses = trajectory.rename(columns={"model": "series", "kl": "value"})[["series", "seed", "step", "value"]]
+    ratio = None
+    if {"vanilla", "ssa"} <= set(trajectory["model"]):
+        ratio = kl_ratio(trajectory).rename(columns={"ratio": "value"})
+    ssa, vanilla = paper["cross_entropy"]["ssa"], paper["cross_entropy"]["vanilla"]
+    columns = [c for c in trajectory.columns if c.startswith("T_")]
+    temperatures = None
+    if columns and "ssa" in set(trajectory["model"]):
+        learned = trajectory[trajectory["model"] == "ssa"].melt(["seed", "step"], columns, "series", "value")
+        options = option_counts(transition_matrix(cfg.graph.nodes, cfg.graph.edges)).tolist()
+        names = {}
+        for count in sorted(set(options)):
+            plural, members = "s" if count > 1 else "", [str(t) for t, c in enumerate(options) if c == count]
+            nodes = f"node{'s' if len(members) > 1 else ''} {','.join(members)}"
+            names[f"T_{count}_option{plural}"] = f"T, {count} option{plural} ({nodes})"
+        temperatures = learned.assign(series=learned["series"].map(names)).dropna(subset=["value"])
+    last_step = int(trajectory["step"].max())
+    interval = int(pd.Series(sorted(trajectory["step"].unique())).diff().min())
+    return plots.trajectory_figure(
+        losses,
+        f"SSA Table 1, ours: each model evaluated exactly over the {cfg.graph.nodes} queries every {interval:,} steps "
+        f"of training\n{figure_caption(cfg, last_step)}",
+        loss_label="CE - H(P*) = KL(P* || g), nats",
+        ratio=ratio,
+        ratio_label="SSA / vanilla of the seed-mean CE - H(P*) (ratio.csv)",
+        paper_ratio=(ssa / vanilla, f"paper: {ssa} / {vanilla} = {ssa / vanilla:.2f} (at no stated step)"),
+        temperatures=temperatures,
+        temperature_label="learned temperature T = 1/tau",
+        temperature_title="SSA only (vanilla has no temperature): each group's learned T, one panel per seed",
+    )
+
+
+def draw_table1(cfg: DictConfig, paper: dict[str, Any]) -> list[Path]:
+    """Draw ``figure3.png`` from ``maps.csv`` and ``trajectory.png`` from ``trajectory.csv`` in ``cfg.results_dir``,
+    each where its CSV is there; the PNGs written."""
+    results = Path(cfg.results_dir)
+    transition = transition_matrix(cfg.graph.nodes, cfg.graph.edges)
+    drawn = []
+    trajectory = pd.read_csv(results / "trajectory.csv") if (results / "trajectory.csv").exists() else None
+    last_step = cfg.optim.steps if trajectory is None else int(trajectory["step"].max())
+    if (results / "maps.csv").exists():
+        figure = figure3(cfg, transition, pd.read_csv(results / "maps.csv"), last_step)
+        drawn.append(plots.save(figure, results / "figure3.png"))
+    if trajectory is not None:
+        drawn.append(plots.save(trajectory_figure(cfg, trajectory, paper), results / "trajectory.png"))
+    return drawn
 
 
 def table2_point(cfg: DictConfig, task: DenoisingTask, seeds: list[int]) -> dict[str, list[float]]:
@@ -452,6 +560,11 @@ def bayes_matched(cfg: DictConfig, task: DenoisingTask, bayes: float) -> pd.Data
 def run(cfg: DictConfig, paper: dict[str, Any]) -> pd.DataFrame:
     """Dispatch on ``cfg.table``; ``paper`` holds the paper's numbers of that table."""
     torch.set_num_threads(cfg.threads)
+    if cfg.get("render"):
+        require(cfg.table == "table1", "render", f"only Table 1 has figures to redraw, not {cfg.table}")
+        drawn = draw_table1(cfg, paper)
+        require(bool(drawn), "render", f"no maps.csv or trajectory.csv in {cfg.results_dir} to draw from")
+        return pd.read_csv(Path(cfg.results_dir) / "table1.csv")
     if cfg.table == "table1":
         return run_table1(cfg, paper)
     if cfg.table == "table2":
