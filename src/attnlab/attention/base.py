@@ -32,6 +32,7 @@ class AttentionShape:
     n_kv_head: int
     head_dim: int
     block_size: int
+    pos_encoding: str = "learned"  # model.pos_encoding: variants that need a particular one refuse the others
 
     @property
     def qkv_sizes(self) -> list[int]:

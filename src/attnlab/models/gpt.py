@@ -90,6 +90,7 @@ class Block(nn.Module):
             n_kv_head=config.n_kv_head,
             head_dim=config.head_dim,
             block_size=config.block_size,
+            pos_encoding=config.pos_encoding,
         )
         self.norm_1 = make_norm(config)
         self.attn = CausalSelfAttention(shape, attention, bias=config.bias, dropout=config.dropout)
