@@ -101,6 +101,8 @@ def expected_overhead(attention: dict, c: dict) -> int:
         gates = 1 if o.share_across_heads else (kv if o.position in ("key", "value") else h)
         width = dh if o.granularity == "elementwise" else 1
         return n_layer * (d + 1) * gates * width
+    if o.name == "fox":
+        return n_layer * h * (d + 1)  # forget gate: Linear(d, H) with bias
     if o.name == "temp_lookup":
         return n_layer * h * o.num_groups
     if not hasattr(o, "components"):
@@ -130,8 +132,9 @@ OVERHEAD_CASES = [{"name": n} for n in available_attention()] + [
 
 @pytest.mark.parametrize("attention", OVERHEAD_CASES, ids=lambda a: "-".join(map(str, a.values())))
 def test_parameter_overhead_matches_formula(attention: dict) -> None:
-    model = GPT(ModelConfig(**TINY), attention)
-    vanilla = GPT(ModelConfig(**TINY))
+    config = {**TINY, "pos_encoding": "none"}  # every variant takes it (stick-breaking takes only it)
+    model = GPT(ModelConfig(**config), attention)
+    vanilla = GPT(ModelConfig(**config))
     extra = sum(p.numel() for _, p in model.variant_parameters())
     assert extra == model.num_parameters() - vanilla.num_parameters()  # all new parameters live in the variant
     assert extra == expected_overhead(attention, TINY)
