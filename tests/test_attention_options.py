@@ -103,6 +103,8 @@ def expected_overhead(attention: dict, c: dict) -> int:
         return n_layer * (d + 1) * gates * width
     if o.name == "fox":
         return n_layer * h * (d + 1)  # forget gate: Linear(d, H) with bias
+    if o.name == "diff":
+        return n_layer * 4 * dh  # lambda_q1, lambda_k1, lambda_q2, lambda_k2 (the RMSNorm has no weight)
     if o.name == "temp_lookup":
         return n_layer * h * o.num_groups
     if not hasattr(o, "components"):
@@ -156,6 +158,8 @@ def test_gpt2_124m_overheads() -> None:
     assert gpt2_overhead({"name": "ssa_shared"})[1] < 0.005
     assert gpt2_overhead({"name": "ssa_feature"})[0] == 12 * 2 * 2 * 12  # beta + alpha per head, q and v
     assert gpt2_overhead({"name": "temp_frequency"})[0] == 12 * 12  # beta per head
+    assert gpt2_overhead({"name": "fox"})[0] == 12 * 12 * (768 + 1)  # forget gate Linear(d, H)
+    assert gpt2_overhead({"name": "diff"})[0] == 12 * 4 * 64  # four lambda vectors of d_h
 
 
 def test_old_temperature_lr_key_reads_as_variant_lr():

@@ -136,6 +136,7 @@ NOT_FROM_PRETRAINED = {
     "selective": "a parameter-free rule with no neutral setting",
     "fox": "its forget gate is 1 only at an infinite bias, and it refuses rotary",
     "stickbreaking": "it takes no position encoding",
+    "diff": "a different attention rule at every parameter value (the difference of two maps, normed)",
 }
 NEUTRAL_OPTIONS = {"clipped_softmax": {"alpha": None, "gamma": 0.0}, "value_select": {"threshold": float("-inf")}}
 
