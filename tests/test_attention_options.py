@@ -118,6 +118,10 @@ def expected_overhead(attention: dict, c: dict) -> int:
         gates = 1 if o.share_across_heads else (kv if o.position in ("key", "value") else h)
         width = dh if o.granularity == "elementwise" else 1
         return n_layer * (d + 1) * gates * width
+    if o.name == "fox":
+        return n_layer * h * (d + 1)  # forget gate: Linear(d, H) with bias
+    if o.name == "diff":
+        return n_layer * 4 * dh  # lambda_q1, lambda_k1, lambda_q2, lambda_k2 (the RMSNorm has no weight)
     if o.name == "temp_lookup":
         return n_layer * h * o.num_groups
     if o.name in ("sink", "softmax1"):
@@ -155,8 +159,9 @@ OVERHEAD_CASES = [{"name": n} for n in available_attention()] + [
 
 @pytest.mark.parametrize("attention", OVERHEAD_CASES, ids=lambda a: "-".join(map(str, a.values())))
 def test_parameter_overhead_matches_formula(attention: dict) -> None:
-    model = GPT(ModelConfig(**TINY), attention)
-    vanilla = GPT(ModelConfig(**TINY))
+    config = {**TINY, "pos_encoding": "none"}  # every variant takes it (stick-breaking takes only it)
+    model = GPT(ModelConfig(**config), attention)
+    vanilla = GPT(ModelConfig(**config))
     extra = sum(p.numel() for _, p in model.variant_parameters())
     assert extra == model.num_parameters() - vanilla.num_parameters()  # all new parameters live in the variant
     assert extra == expected_overhead(attention, TINY)
@@ -182,6 +187,8 @@ def test_gpt2_124m_overheads() -> None:
     assert gpt2_overhead({"name": "softmax1"})[0] == gpt2_overhead({"name": "softpick"})[0] == 0
     assert gpt2_overhead({"name": "qk_norm"})[0] == 12 * 2 * 64  # one d_h weight for q, one for k
     assert gpt2_overhead({"name": "qk_norm_projection"})[0] == 12 * 2 * 768
+    assert gpt2_overhead({"name": "fox"})[0] == 12 * 12 * (768 + 1)  # forget gate Linear(d, H)
+    assert gpt2_overhead({"name": "diff"})[0] == 12 * 4 * 64  # four lambda vectors of d_h
 
 
 def test_old_temperature_lr_key_reads_as_variant_lr():

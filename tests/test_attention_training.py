@@ -11,13 +11,22 @@ from attnlab.models.config import ModelConfig
 from attnlab.models.gpt import GPT
 
 VOCAB = 32
+POSITION = {"stickbreaking": "none"}  # variants that take only one position encoding
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", available_attention())
 def test_short_training_run_learns(name: str) -> None:
     torch.manual_seed(0)
-    config = ModelConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=32, vocab_size=VOCAB, block_size=64)
+    config = ModelConfig(
+        n_layer=2,
+        n_head=4,
+        n_kv_head=2,
+        n_embd=32,
+        vocab_size=VOCAB,
+        block_size=64,
+        pos_encoding=POSITION.get(name, "learned"),
+    )
     model = GPT(config, {"name": name})
     model.set_token_frequencies(torch.randint(1, 1000, (VOCAB,)))
     variant = {id(p) for _, p in model.variant_parameters()}

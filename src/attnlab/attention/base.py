@@ -32,6 +32,8 @@ class AttentionShape:
     n_kv_head: int
     head_dim: int
     block_size: int
+    pos_encoding: str = "learned"  # model.pos_encoding: variants that need a particular one refuse the others
+    layer: int = 0  # 0-based index of the block (diff's lambda_init depends on it)
 
     @property
     def qkv_sizes(self) -> list[int]:

@@ -25,6 +25,7 @@ from attnlab.bench.peers import PEERS, SHAPES, Shape, build_peer, litgpt_availab
 from attnlab.bench.profile import CATEGORIES, IDLE, OTHER, category, profile_step
 from attnlab.bench.stack import default_training, stack_overhead
 from attnlab.bench.timing import Contender, Progress, Timing, count_flops, gemm_probe, peak_memory, time_round_robin
+from attnlab.errors import ConfigError
 from attnlab.runs import SYNTHETIC_ONLY_ATTENTION
 
 SECTIONS = ("step", "variants", "clipped", "stack", "eval", "profile")
@@ -105,12 +106,18 @@ def variants_section(args: argparse.Namespace, device: torch.device, progress: P
     shape = resized(SHAPES[args.variants_shape], args)
     language = [n for n in available_attention() if n not in SYNTHETIC_ONLY_ATTENTION]  # not the synthetic ones
     names = ["vanilla", *(n for n in args.attention or language if n != "vanilla")]
-    contenders = []
+    contenders, refused = [], []
     for name in names:
         for compiled in (False, True) if args.compile_variants else (False,):
             label = f"{name} compiled" if compiled else name
             progress(f"variants: building {label}")
-            model = build_peer("attnlab", shape, attention=name).to(device)
+            try:
+                model = build_peer("attnlab", shape, attention=name).to(device)
+            except ConfigError as error:  # fox and stick-breaking refuse some position encodings
+                if error.key != "model.pos_encoding":
+                    raise
+                refused.append(name)
+                break
             contenders.append(contender(label, model, shape, device, args.fused_adamw, "model" if compiled else None))
     timings = time_round_robin(contenders, args.rounds, warmup=1, progress=progress)
     peak = get_available_flops(device, dtype(device))
@@ -124,6 +131,7 @@ def variants_section(args: argparse.Namespace, device: torch.device, progress: P
     return (
         f"### Attention variants at the `{shape.name}` shape (batch {shape.batch} x {shape.length} tokens)\n\n"
         f"{markdown(rows)}\n\nx vanilla = the variant's time / vanilla's (compiled: / vanilla compiled)."
+        + (f" Not measured: {', '.join(refused)} (refuse this shape's position encoding)." if refused else "")
     )
 
 

@@ -82,7 +82,7 @@ def make_norm(config: ModelConfig) -> nn.Module:
 class Block(nn.Module):
     """Pre-norm transformer block; GPT-NeoX adds attention and MLP in parallel when asked."""
 
-    def __init__(self, config: ModelConfig, attention: dict[str, Any]) -> None:
+    def __init__(self, config: ModelConfig, attention: dict[str, Any], layer: int = 0) -> None:
         super().__init__()
         shape = AttentionShape(
             n_embd=config.n_embd,
@@ -90,6 +90,8 @@ class Block(nn.Module):
             n_kv_head=config.n_kv_head,
             head_dim=config.head_dim,
             block_size=config.block_size,
+            pos_encoding=config.pos_encoding,
+            layer=layer,
         )
         self.norm_1 = make_norm(config)
         self.attn = CausalSelfAttention(shape, attention, bias=config.bias, dropout=config.dropout)
@@ -117,7 +119,7 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.wpe = nn.Embedding(config.block_size, config.n_embd) if config.pos_encoding == "learned" else None
         self.drop = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(Block(config, self.attention_config) for _ in range(config.n_layer))
+        self.blocks = nn.ModuleList(Block(config, self.attention_config, i) for i in range(config.n_layer))
         self.norm_f = make_norm(config)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:

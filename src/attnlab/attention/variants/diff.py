@@ -1,0 +1,112 @@
+"""Differential attention (Ye et al. 2024, Differential Transformer; spec section 9): the difference of two softmax
+maps cancels attention noise.
+
+The layer's H heads of d_h pair up into H/2 differential heads (heads 2i and 2i+1: Q1/K1 and Q2/K2), each with a
+value of width 2 d_h (the consecutive pair of value heads), so q/k/v and W_o keep vanilla's shapes and parameters:
+``A = softmax(Q1 K1^T / sqrt(d_h)) - lambda softmax(Q2 K2^T / sqrt(d_h))``, ``o = RMSNorm(A V) (1 - lambda_init)``,
+``lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init``, ``lambda_init = 0.8 - 0.6 exp(-0.3 layer)`` (0-based).
+As microsoft/unilm ``Diff-Transformer/multihead_diffattn.py`` (``MultiheadDiffAttn``): the four lambda vectors are
+N(0, 0.1), and the per-head RMSNorm has eps 1e-5 and no affine weight (``elementwise_affine=False``; the spec said
+affine: the reference wins). The reference's interleaved rotary is the model's rotary here (any position encoding).
+
+Runs on the fused kernel: one SDPA call over all H heads, each query head reading its differential head's 2 d_h
+value, then ``A1 V - lambda A2 V`` (``multihead_flashdiff_2.py`` does the same with two calls). Needs an even
+number of query and of KV heads.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab.attention.base import (
+    AttentionContext,
+    AttentionShape,
+    AttentionVariant,
+    IntermediateHook,
+    VariantOptions,
+    causal_bias,
+    register,
+)
+from attnlab.errors import require
+
+
+@register("diff")
+class DifferentialAttention(AttentionVariant):
+    """(softmax(Q1 K1^T) - lambda softmax(Q2 K2^T)) V per pair of heads, RMSNorm, times (1 - lambda_init)."""
+
+    Options = VariantOptions
+
+    def __init__(self, shape: AttentionShape, options: VariantOptions) -> None:
+        super().__init__(shape, options)
+        for key, heads in (("model.n_head", shape.n_head), ("model.n_kv_head", shape.n_kv_head)):
+            require(heads % 2 == 0, key, f"attention=diff pairs heads: must be even, got {heads}")
+        self.lambda_init = 0.8 - 0.6 * math.exp(-0.3 * shape.layer)
+        self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2 = (
+            nn.Parameter(torch.empty(shape.head_dim)) for _ in range(4)
+        )
+        self.reset_parameters()
+
+    def probes(self) -> list[str]:
+        return ["lambda"]
+
+    def reset_parameters(self) -> None:
+        for vector in (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2):
+            nn.init.normal_(vector, 0.0, 0.1)
+
+    def lambda_full(self) -> Tensor:
+        lam = torch.exp(self.lambda_q1 @ self.lambda_k1) - torch.exp(self.lambda_q2 @ self.lambda_k2) + self.lambda_init
+        self.record("lambda", lam)
+        return lam
+
+    def values(self, v: Tensor, heads: int) -> Tensor:
+        """Differential values (B, heads, T, 2 d_h): consecutive pairs of KV heads, repeated to ``heads`` heads."""
+        batch, kv, t, dh = v.shape
+        pairs = v.transpose(1, 2).reshape(batch, t, kv // 2, 2 * dh).transpose(1, 2)
+        return pairs.repeat_interleave(heads * 2 // kv, dim=1)
+
+    def split(self, o: Tensor) -> Tensor:
+        """(B, H/2, T, 2 d_h) -> (B, H, T, d_h) such that the layer's head concatenation is the differential one."""
+        batch, pairs, t, _ = o.shape
+        return o.view(batch, pairs, t, 2, -1).transpose(2, 3).reshape(batch, 2 * pairs, t, -1)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout: float) -> Tensor:
+        heads = q.shape[1]
+        keys = k.repeat_interleave(heads // k.shape[1], dim=1)
+        values = self.values(v, heads)  # each query head reads its differential head's 2 d_h value
+        o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, dropout_p=dropout, is_causal=is_causal)
+        o = o.unflatten(1, (heads // 2, 2))
+        return self.split(o[:, :, 0] - self.lambda_full().to(o.dtype) * o[:, :, 1])
+
+    def reference_attention(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        is_causal: bool,
+        hook: IntermediateHook | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """Probabilities (B, H, T, T): the two softmax maps of differential head i are heads 2i and 2i + 1."""
+        hook = hook or (lambda _name, x: x)
+        heads = q.shape[1]
+        keys = k.repeat_interleave(heads // k.shape[1], dim=1)
+        scores = hook("scores", (q.float() @ keys.float().transpose(-2, -1)) * self.scale)
+        if mask is not None:
+            scores = scores + mask.float()
+        elif is_causal:
+            scores = scores + causal_bias(scores.shape[-2], scores.shape[-1], scores.device)
+        probs = hook("probabilities", torch.softmax(scores, dim=-1))
+        maps = probs.unflatten(1, (heads // 2, 2))
+        difference = maps[:, :, 0] - self.lambda_full().float() * maps[:, :, 1]
+        context = hook("context", difference @ self.values(v, heads // 2).float())
+        return self.split(context).to(q.dtype), probs
+
+    def transform_heads(self, x: Tensor, o: Tensor, ctx: AttentionContext) -> Tensor:
+        batch, heads, t, dh = o.shape
+        pairs = o.view(batch, heads // 2, 2, t, dh).transpose(2, 3).reshape(batch, heads // 2, t, 2 * dh)
+        normed = F.rms_norm(pairs.float(), (2 * dh,), eps=1e-5).to(o.dtype)
+        return self.split(normed * (1 - self.lambda_init))

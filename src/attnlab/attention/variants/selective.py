@@ -1,0 +1,111 @@
+"""Selective attention (Leviathan et al. 2024, arXiv 2410.02703; spec section 9): a token can hide earlier ones
+from every later token, with no new parameter.
+
+The selecting head's causal logits give ``S = relu(s)`` with S's first column (the first token is never hidden)
+and its diagonal (a token does not hide itself) zeroed; ``F_i = sum_{i' < i} S_i'`` (exclusive cumulative sum down
+the query axis); every head's logits become ``s - F`` before the softmax, as in the paper's listing and the
+andrew-healey/context-compression port. S uses the content logits ``q k^T / sqrt(d_h)`` of the selecting head: an
+ALiBi bias is added to every head's logits but not to S (the paper's model has no such bias).
+
+Explicit path only (F needs the selecting head's full T x T logits; no fused kernel takes a per-row bias that is
+a cumulative sum of another head's scores). KV-cache decoding: F of a new token sums S over every earlier query,
+which the keys and values alone cannot give, so ``transform_qkv`` appends the selecting head's query to each key
+(d_h more channels in the cache) and ``attend`` recomputes S over all cached positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnlab.attention.base import (
+    AttentionContext,
+    AttentionShape,
+    AttentionVariant,
+    IntermediateHook,
+    VariantOptions,
+    causal_bias,
+    register,
+)
+from attnlab.errors import require
+
+
+@dataclass
+class SelectiveOptions(VariantOptions):
+    selection_head: int = 0  # the query head whose logits select (the paper: head 0)
+
+
+@register("selective")
+class SelectiveAttention(AttentionVariant):
+    """softmax(s - F) v with F the exclusive cumulative sum of the selecting head's relu(s), first column and
+    diagonal zeroed; fp32, explicit path."""
+
+    Options = SelectiveOptions
+
+    def __init__(self, shape: AttentionShape, options: SelectiveOptions) -> None:
+        super().__init__(shape, options)
+        require(
+            0 <= options.selection_head < shape.n_head,
+            "attention.selection_head",
+            f"must be a head index in [0, {shape.n_head}), got {options.selection_head}",
+        )
+
+    def transform_qkv(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext):
+        head = self.options.selection_head
+        selector = q[:, head : head + 1].expand(-1, k.shape[1], -1, -1)
+        return q, torch.cat([k, selector], dim=-1), v  # the cache keeps the selector's queries with the keys
+
+    def selection(self, k: Tensor, t_q: int) -> Tensor:
+        """F (B, 1, t_q, t_k) for the last t_q of the t_k positions, from the selector queries stored with k."""
+        dh, head = self.shape.head_dim, self.options.selection_head
+        groups = self.shape.n_head // k.shape[1]
+        keys, selector = k[:, head // groups, :, :dh].float(), k[:, 0, :, dh:].float()  # (B, t_k, dh) each
+        t_k = keys.shape[1]
+        logits = (selector @ keys.transpose(-2, -1)) * self.scale + causal_bias(t_k, t_k, k.device)
+        keep = torch.ones(t_k, t_k, device=k.device)
+        keep[:, 0] = 0  # never hide the first token
+        keep.fill_diagonal_(0)  # a token does not hide itself
+        selected = torch.relu(logits) * keep
+        hidden = F.pad(selected.cumsum(dim=-2)[:, :-1], (0, 0, 1, 0))  # F_i = sum over i' < i
+        return hidden[:, None, t_k - t_q :]
+
+    def reference_attention(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        is_causal: bool,
+        hook: IntermediateHook | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        with torch.autocast(q.device.type, enabled=False):
+            return self._attention(q, k, v, mask, is_causal, 0.0, hook or (lambda _name, x: x))
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout: float) -> Tensor:
+        with torch.autocast(q.device.type, enabled=False):
+            return self._attention(q, k, v, mask, is_causal, dropout, lambda _name, x: x)[0]
+
+    def _attention(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        is_causal: bool,
+        dropout: float,
+        hook: IntermediateHook,
+    ) -> tuple[Tensor, Tensor]:
+        groups = q.shape[1] // k.shape[1]
+        keys = k[..., : self.shape.head_dim].repeat_interleave(groups, dim=1)
+        t_q, t_k = q.shape[2], k.shape[2]
+        scores = hook("scores", (q.float() @ keys.float().transpose(-2, -1)) * self.scale)
+        if mask is not None:
+            scores = scores + mask.float()
+        elif is_causal:
+            scores = scores + causal_bias(t_q, t_k, q.device)
+        probs = hook("probabilities", torch.softmax(scores - self.selection(k, t_q), dim=-1))
+        context = hook("context", F.dropout(probs, p=dropout) @ v.repeat_interleave(groups, dim=1).float())
+        return context.to(q.dtype), probs

@@ -1,0 +1,73 @@
+"""Stick-breaking attention (Tan et al. 2024; spec section 9): each query breaks a stick from its nearest key
+backwards, so recency is built in and the model takes no position encoding (``model.pos_encoding=none``).
+
+``beta_ij = sigmoid(s_ij)``, ``A_ij = beta_ij prod_{j < k < i} (1 - beta_ik)`` over the strictly earlier keys
+j < i, computed in log space as shawntan/stickbreaking-attention ``sb_ref.py`` (``stickbreaking``) does. The
+leftover mass ``1 - sum_j A_ij`` goes to the query's own value, as that repository's ``ref_fwd`` does
+(``o = o + rem * v``, ``attend_current=False``, the kernel's default): the spec's "leftover mass as the reference".
+``probabilities`` are A with the leftover on the diagonal, so rows sum to one.
+
+Explicit path only (the fused kernel is a Triton GPU kernel; here the T x T map is materialised in fp32). Depends
+only on q_i and the keys up to i, so KV-cache decoding is exact without extra state.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnlab.attention.base import AttentionShape, AttentionVariant, IntermediateHook, VariantOptions, register
+from attnlab.errors import require
+
+
+@register("stickbreaking")
+class StickBreaking(AttentionVariant):
+    """o_i = sum_{j<i} beta_ij prod_{j<k<i} (1 - beta_ik) v_j + leftover * v_i, beta = sigmoid(q k^T / sqrt(d_h))."""
+
+    Options = VariantOptions
+
+    def __init__(self, shape: AttentionShape, options: VariantOptions) -> None:
+        super().__init__(shape, options)
+        require(
+            shape.pos_encoding == "none",
+            "model.pos_encoding",
+            f"attention=stickbreaking takes no position encoding (Tan et al.); set none, got {shape.pos_encoding}",
+        )
+
+    def probabilities(self, scores: Tensor) -> Tensor:
+        """Stick-breaking weights from unmasked fp32 scores (B, H, t_q, t_k), queries the last t_q keys."""
+        t_q, t_k = scores.shape[-2:]
+        visible = torch.ones(t_q, t_k, dtype=torch.bool, device=scores.device).tril(t_k - t_q - 1)  # j < i
+        log_beta = F.logsigmoid(scores).masked_fill(~visible, float("-inf"))
+        log_rest = F.logsigmoid(-scores).masked_fill(~visible, 0.0)  # log(1 - beta)
+        after = F.pad(log_rest.flip(-1).cumsum(-1).flip(-1)[..., 1:], (0, 1))  # sum over k > j of log(1 - beta_ik)
+        weights = torch.exp(log_beta + after)
+        leftover = 1 - weights.sum(dim=-1)
+        own = torch.eye(t_k, device=scores.device)[t_k - t_q :]  # query i's own key
+        return weights + leftover[..., None] * own
+
+    def reference_attention(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        is_causal: bool,
+        hook: IntermediateHook | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        return self._attention(q, k, v, 0.0, hook or (lambda _name, x: x))
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout: float) -> Tensor:
+        """The causal structure is the rule itself (the mask SDPA would get is only ever plain causal)."""
+        return self._attention(q, k, v, dropout, lambda _name, x: x)[0]
+
+    def _attention(
+        self, q: Tensor, k: Tensor, v: Tensor, dropout: float, hook: IntermediateHook
+    ) -> tuple[Tensor, Tensor]:
+        with torch.autocast(q.device.type, enabled=False):
+            groups = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+            scores = hook("scores", (q.float() @ k.float().transpose(-2, -1)) * self.scale)
+            probs = hook("probabilities", self.probabilities(scores))
+            return hook("context", F.dropout(probs, p=dropout) @ v.float()).to(q.dtype), probs
