@@ -4,6 +4,7 @@ directory, ``.hydra/`` record and log file as ``attnlab-train`` / ``attnlab-eval
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,15 +30,22 @@ def run(config_name: str, overrides: Sequence[str], job: Callable[[DictConfig], 
     from attnlab.configs import initialized
     from attnlab.runs import ValidateBeforeWriting
 
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
     with initialized("conf", job_name=config_name):
         cfg = compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
         ValidateBeforeWriting.CHECKS[config_name](cfg)
         callbacks = Callbacks(cfg)
         callbacks.on_run_start(config=cfg, config_name=config_name)
         context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=callbacks)
-        done = run_job(
-            hydra_context=context, task_function=job, config=cfg, job_dir_key="hydra.run.dir", job_subdir_key=None
-        )
+        try:
+            done = run_job(
+                hydra_context=context, task_function=job, config=cfg, job_dir_key="hydra.run.dir", job_subdir_key=None
+            )
+        finally:  # Hydra's job logging (the console and the run's log file) ends with the job, not with the process
+            for handler in set(root.handlers) - set(handlers):
+                handler.close()
+            root.handlers[:], root.level = handlers, level
         callbacks.on_run_end(config=cfg, config_name=config_name, job_return=done)
     return done.return_value  # the job's exception, raised again, when it failed
 

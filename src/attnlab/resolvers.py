@@ -23,7 +23,8 @@ def project_root(*, _root_: DictConfig) -> str:
     engine's ``experiments/conf/``): its nearest ancestor with a ``pyproject.toml``, else its parent. Outputs and the
     cache land there whichever directory a command starts from (the lightning-hydra-template anchors them to its
     project root the same way). Hydra records the config directory as its ``main`` config source; the current
-    directory is the fallback for a config composed without Hydra's runtime information."""
+    directory is the fallback for an installed attnlab (its configs come from the package: ``pkg://``) and for a
+    config composed without Hydra's runtime information."""
     sources = OmegaConf.select(_root_, "hydra.runtime.config_sources", default=None)
     if sources is None and HydraConfig.initialized():  # inside the job: the task's config has no hydra node
         sources = HydraConfig.get().runtime.config_sources
