@@ -67,3 +67,24 @@ def wiki_docs() -> list[dict[str, str]]:
     from attnlab.data.corpus import wiki_sample_documents
 
     return list(islice(wiki_sample_documents(), 12))
+
+
+def save_run_checkpoint(model, tokenizer, path: Path) -> Path:
+    """``model`` saved as training saves it (the Lightning layout with attnlab's record), without a training run."""
+    from dataclasses import asdict
+
+    import torch
+
+    from attnlab.runs import RECORD_KEY, OptimSpec, record
+
+    spec = {
+        "model": model.config.to_dict(),
+        "model_request": model.config.to_dict(),
+        "attention": dict(model.attention_config),
+        "optim": asdict(OptimSpec()),
+        "schedule_steps": 1,
+    }
+    state = {f"model.{key}": value for key, value in model.state_dict().items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"state_dict": state, "global_step": 0, RECORD_KEY: record(spec, tokenizer, {})}, path)
+    return path

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from experiments import readme_sample
+from experiments import readme_sample, report
 
 from tests.conftest import ROOT
 
@@ -32,6 +32,14 @@ def test_a_block_is_rewritten_from_its_record(tmp_path: Path) -> None:
     assert rendered.startswith("intro\n<!-- sample:train (generated) -->\n```\nattnlab: tiny") and rendered.endswith(
         "```\n<!-- /sample:train -->\nrest\n"
     )
+
+
+def test_every_committed_table_has_a_reading_in_the_readme() -> None:
+    """``make report`` shows the README's reading beside each table: none may be missing."""
+    found = report.readings((ROOT / "README.md").read_text())
+    committed = {page.name for page in report.discover(ROOT / "experiments" / "results")}
+    assert committed - set(found) == set()
+    assert all(text.strip() for text in found.values())
 
 
 @pytest.mark.slow

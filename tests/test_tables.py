@@ -248,3 +248,77 @@ def training_processes(under: Path) -> list[str]:
         if str(under) in text and "attnlab.cli.train" in text:
             found.append(text)
     return found
+
+
+def test_report_site_on_the_smoke_table(smoke_run: dict, tmp_path: Path) -> None:
+    """``make report`` on the smoke table: the reading, the table, its figures, CSVs and every cell's config."""
+    import shutil
+
+    from experiments import report
+
+    results = tmp_path / "results"
+    shutil.copytree(smoke_run["settings"]["results_dir"], results / "table3" / "smoke")
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "intro\n\n<!-- reading: table3 -->\n\n*Our reading*, see [the runs](experiments/results/table3/smoke/runs.csv)."
+        "\n\n<!-- /reading -->\n"
+    )
+    out = tmp_path / "site"
+    index = report.build(results, out, ROOT, readme)
+    assert index == out / "index.html" and "table3-smoke.html" in index.read_text()
+    page = (out / "table3-smoke.html").read_text()
+    assert "<em>Our reading</em>" in page and 'href="data/table3/smoke/runs.csv"' in page
+    assert "Is the paper&#39;s phenomenon there?" in page or "Is the paper's phenomenon there?" in page
+    assert "verdict (Holm)" in page and 'class="verdict ' in page
+    images = [line.split('src="')[1].split('"')[0] for line in page.splitlines() if '<img src="' in line]
+    assert len(images) >= 2 and all((out / image).is_file() for image in images)  # ours vs paper per stage, curves
+    import pandas as pd
+
+    runs = pd.read_csv(results / "table3" / "smoke" / "runs.csv")
+    for run in runs.itertuples():  # each cell links its config: the one it ran with (its directory is here)
+        config = out / "configs" / "table3-smoke" / f"{Path(run.run).name}.yaml"
+        assert f'href="configs/table3-smoke/{config.name}"' in page
+        assert config.read_text().startswith("# the config this cell ran with") and run.attention in config.read_text()
+
+
+def test_report_composes_configs_of_runs_not_here_and_never_overwrites_other_files(
+    smoke_run: dict, tmp_path: Path
+) -> None:
+    import shutil
+
+    import pandas as pd
+    from experiments import report
+
+    results = tmp_path / "results" / "table3" / "smoke"
+    shutil.copytree(smoke_run["settings"]["results_dir"], results)
+    runs = pd.read_csv(results / "runs.csv")
+    names = [f"outputs/runs/{Path(r).name}" for r in runs["run"]]  # directories not on this machine
+    names[0] = "outputs/runs/renamed-since-0000000000"  # a cell whose identity changed after it ran
+    runs.assign(run=names).to_csv(results / "runs.csv", index=False)
+    out = tmp_path / "site"
+    report.build(tmp_path / "results", out, ROOT, ROOT / "README.md")
+    configs = out / "configs" / "table3-smoke"
+    renamed, same = (
+        (configs / f"{Path(names[0]).name}.yaml").read_text(),
+        (configs / f"{Path(names[1]).name}.yaml").read_text(),
+    )
+    for text in (renamed, same):
+        assert text.startswith("# composed from experiments/conf/table/table3.yaml, scale smoke by today's code")
+    assert f"not {Path(names[0]).name}: something in its identity changed" in renamed
+    assert "today's config names this cell" not in same
+    assert f"name: {runs['attention'][1]}" in same and f"seed: {runs['seed'][1]}" in same
+    report.build(tmp_path / "results", out, ROOT, ROOT / "README.md")  # an earlier report is replaced
+    elsewhere = tmp_path / "mine"
+    elsewhere.mkdir()
+    (elsewhere / "notes.txt").write_text("mine")
+    stopped = subprocess.run(
+        [sys.executable, "experiments/report.py", "--results", str(tmp_path / "results"), "--out", str(elsewhere)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert stopped.returncode == 1 and "Traceback" not in stopped.stderr
+    assert stopped.stderr.strip().splitlines() == [
+        f"error: --out: an empty directory or an earlier report ({elsewhere} holds other files)"
+    ]
+    assert [p.name for p in elsewhere.iterdir()] == ["notes.txt"]

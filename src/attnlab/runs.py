@@ -26,7 +26,7 @@ from typing import IO, TYPE_CHECKING, Any, ClassVar
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from tokenizers import Tokenizer
 from torch import Tensor
 
@@ -52,6 +52,7 @@ SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=,+-]*")
 # Inside a run directory: the latest state (always written) and the final metrics (written once, when fit ends).
 LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
 RESULTS_FILE = "results.json"
+RESUME_LAST = "last"  # ckpt_path=last: the newest last.ckpt among the experiment's runs (resolve_last_checkpoint)
 
 
 # ------------------------------------------------------------------------------------------------ directories
@@ -291,9 +292,34 @@ def check_common(cfg: DictConfig) -> None:
         require(Path(ckpt_path).is_file(), "ckpt_path", f"no checkpoint file at {ckpt_path}")
 
 
+def resolve_last_checkpoint(cfg: DictConfig) -> None:
+    """``ckpt_path=last`` -> the newest (last written) ``checkpoints/last.ckpt`` among the single runs of this
+    experiment, ``<paths.log_dir>/<experiment_name>/<run>/``, written back into ``cfg`` (the run's saved config names
+    the file it resumed). A sweep's jobs are other cells: each resumes its own with ``ckpt_path=${resume_ckpt:}``."""
+    if cfg.get("ckpt_path") != RESUME_LAST:
+        return
+    from attnlab.training.sweeps import in_multirun  # (it imports this module)
+
+    require(
+        not in_multirun(),
+        "ckpt_path",
+        "last picks one run's checkpoint for every job of a -m sweep; use ckpt_path=${resume_ckpt:} (each job its own)",
+    )
+    experiment = Path(cfg.paths.log_dir) / str(cfg.experiment_name)
+    found = sorted(experiment.glob(f"*/{LAST_CHECKPOINT}"), key=lambda path: (path.stat().st_mtime, str(path)))
+    require(
+        bool(found),
+        "ckpt_path",
+        f"last: no run of experiment_name={cfg.experiment_name} has saved a {LAST_CHECKPOINT} under {experiment}",
+    )
+    with read_write(cfg), open_dict(cfg):
+        cfg.ckpt_path = str(found[-1])
+
+
 def validate_train_config(cfg: DictConfig, check_machine: bool = True) -> OptimSpec:
     """Everything ``train.py`` can check before it writes anything; returns the typed optimiser spec.
     ``check_machine=False``: not whether the devices and files the config names are on this machine now."""
+    resolve_last_checkpoint(cfg)
     check_seed(cfg)
     check_common(cfg)
     positive_int(cfg.data.get("batch_size"), "data.batch_size")
@@ -332,6 +358,8 @@ class ValidateBeforeWriting(Callback):
             EXISTING_BEFORE[str(directory.resolve())] = {entry.name for entry in directory.iterdir()}
         try:
             primary = config.hydra.output_subdir is not None  # not a DDP rank > 0 in rank 0's directory
+            if self.entry == "train":
+                resolve_last_checkpoint(config)  # before the directory check: it may be the run's own last.ckpt
             if self.entry == "train" and primary:
                 check_run_directory(directory, config.get("ckpt_path"))
             self.CHECKS[self.entry](config)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from itertools import count, islice
+from itertools import islice
 from typing import Any
 
 import torch
@@ -75,16 +75,11 @@ def resolve_device(device: str | None) -> torch.device:
     return torch.device(device or "cpu")
 
 
-@torch.inference_mode()
 def greedy_tokens(model: GPT, context: list[int], device: torch.device) -> Iterator[int]:
-    """The greedy continuation of ``context``, one token per step from the KV cache, for as long as it is read: the
+    """The greedy continuation of ``context`` (``GPT.decode`` at temperature 0), for as long as it is read: the
     caller decides when to stop (end-of-text, a stop string, a budget), and no forward runs for an unread token."""
-    cache = model.new_cache()
-    logits = model(torch.tensor([context], device=device), start_pos=0, cache=cache)
-    for position in count(len(context)):
-        next_id = int(logits[0, -1].argmax())
-        yield next_id
-        logits = model(torch.tensor([[next_id]], device=device), start_pos=position, cache=cache)
+    for next_ids in model.decode(torch.tensor([context], device=device), temperature=0.0):
+        yield int(next_ids[0])
 
 
 @register_model("attnlab")

@@ -6,6 +6,8 @@ Read top to bottom: positions, MLP, Block, GPT. The attention math lives in ``at
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from itertools import count, islice
 from typing import Any
 
 import torch
@@ -13,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.attention import AttentionContext, AttentionShape, CausalSelfAttention, KVCache
+from attnlab.errors import require
 from attnlab.models.config import ModelConfig
 
 
@@ -217,6 +220,58 @@ class GPT(nn.Module):
     def new_cache(self) -> list[KVCache]:
         return [KVCache() for _ in self.blocks]
 
+    @torch.inference_mode()
+    def decode(
+        self,
+        idx: Tensor,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Iterator[Tensor]:
+        """The next token of each row of ``idx`` (B, T), as (B,), one step at a time from the KV cache for as long as
+        it is read: the caller decides when to stop, and no forward runs for a token nobody reads."""
+        check_sampling(temperature, top_k, top_p)
+        cache = self.new_cache()
+        logits = self(idx, start_pos=0, cache=cache)[:, -1]
+        for position in count(idx.shape[1]):
+            next_ids = sample_next(logits, temperature, top_k, top_p, generator)
+            yield next_ids
+            logits = self(next_ids[:, None], start_pos=position, cache=cache)[:, -1]
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        idx: Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """``idx`` (B, T) followed by up to ``max_new_tokens`` sampled tokens (``temperature=0``: greedy); a row that
+        has emitted ``eos`` is padded with it, and decoding stops once every row has. ``generator`` seeds sampling."""
+        check_sampling(temperature, top_k, top_p)
+        require(max_new_tokens >= 0, "max_new_tokens", f"must be >= 0, got {max_new_tokens}")
+        if self.wpe is not None:
+            length = idx.shape[1] + max_new_tokens
+            require(
+                length <= self.config.block_size,
+                "max_new_tokens",
+                f"{idx.shape[1]} prompt + {max_new_tokens} new tokens exceed the learned positions "
+                f"(model.block_size={self.config.block_size})",
+            )
+        out, finished = [idx], torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
+        for next_ids in islice(self.decode(idx, temperature, top_k, top_p, generator), max_new_tokens):
+            if eos is not None:
+                next_ids = next_ids.masked_fill(finished, eos)
+                finished |= next_ids == eos
+            out.append(next_ids[:, None])
+            if finished.all():
+                break
+        return torch.cat(out, dim=1)
+
     def variant_parameters(self) -> list[tuple[str, nn.Parameter]]:
         """Parameters the attention variant added (temperatures, gates): their own optimiser group."""
         return [(n, p) for n, p in self.named_parameters() if ".variant." in n]
@@ -228,3 +283,34 @@ class GPT(nn.Module):
         """Training FLOPs per token, 6N + 12 L H d_h T (PaLM appendix B, as nanoGPT's estimate_mfu)."""
         c = self.config
         return 6 * self.num_parameters() + 12 * c.n_layer * c.n_head * c.head_dim * seq_len
+
+
+def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    require(temperature >= 0, "temperature", f"must be >= 0 (0: greedy), got {temperature}")
+    require(top_k is None or top_k >= 1, "top_k", f"must be a positive integer or None, got {top_k}")
+    require(top_p is None or 0 < top_p <= 1, "top_p", f"must be in (0, 1] or None, got {top_p}")
+
+
+def sample_next(
+    logits: Tensor,
+    temperature: float,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """One token per row of ``logits`` (B, V): the argmax at temperature 0, else a sample from softmax(logits / T)
+    restricted to the ``top_k`` most likely tokens and to the smallest set whose probability reaches ``top_p``
+    (Holtzman et al.'s nucleus; the most likely token always stays)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1:
+        ordered, order = logits.sort(dim=-1, descending=True)
+        probs = ordered.softmax(dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # the probability of the tokens ranked above each one
+        ordered = ordered.masked_fill(before >= top_p, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, ordered)
+    return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(-1)

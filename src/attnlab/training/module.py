@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -12,20 +13,30 @@ from torch import Tensor
 from torch.optim import Optimizer
 from torchmetrics.aggregation import MeanMetric
 
-from attnlab.models import GPT
+from attnlab.errors import require
+from attnlab.models import GPT, ModelConfig
 from attnlab.nn_utils import next_token_loss
-from attnlab.runs import RECORD_KEY, OptimSpec
+from attnlab.runs import MODEL_PREFIX, RECORD_KEY, OptimSpec, check_record_against_weights
 
 
 class LanguageModel(L.LightningModule):
     """Next-token prediction for a ``GPT`` built by ``attnlab.models.build_gpt``; every checkpoint it saves carries
-    the run's record (spec, tokenizer, data identity), so ``attnlab.runs`` reads it back without Lightning."""
+    the run's record (spec, tokenizer, data identity), so ``attnlab.runs`` reads it back without Lightning, and
+    ``LanguageModel.load_from_checkpoint(path)`` rebuilds the module from it (``on_load_checkpoint``)."""
 
     def __init__(
-        self, model: GPT, optim: OptimSpec, schedule_steps: int, run_record: dict[str, Any], compile: bool = False
+        self,
+        model: GPT | None = None,
+        optim: OptimSpec | None = None,
+        schedule_steps: int | None = None,
+        run_record: dict[str, Any] | None = None,
+        compile: bool = False,
     ) -> None:
         """``schedule_steps``: the schedule's horizon, fixed when the run starts (a resumed run keeps it).
-        ``compile``: ``torch.compile`` the forward and the loss as one graph, once the strategy has placed the model."""
+        ``compile``: ``torch.compile`` the forward and the loss as one graph, once the strategy has placed the model.
+        With no ``model`` (what Lightning's ``load_from_checkpoint`` calls, having no hyperparameters to pass) the
+        model, ``optim``, ``schedule_steps`` and ``run_record`` come from the checkpoint's record when it loads: the
+        record already holds them all, so checkpoints need no second copy and those written before load too."""
         super().__init__()
         self.model = model
         self.compile_loss = compile
@@ -44,6 +55,25 @@ class LanguageModel(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint[RECORD_KEY] = self.run_record
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """``load_from_checkpoint``: build the run's model from the record before Lightning loads the weights into it
+        (a resumed fit built its module already: nothing to do)."""
+        if self.model is not None:
+            return
+        saved = checkpoint.get(RECORD_KEY)
+        require(
+            isinstance(saved, dict) and isinstance(saved.get("spec"), dict),
+            "checkpoint",
+            "carries no attnlab record (written before checkpoints had one); read it with attnlab.runs.load_checkpoint",
+        )
+        spec = saved["spec"]
+        weights = {k.removeprefix(MODEL_PREFIX): v for k, v in checkpoint["state_dict"].items()}
+        check_record_against_weights(Path("the file"), spec, weights, "checkpoint")
+        self.model = GPT(ModelConfig.from_dict(spec["model"]), spec["attention"])
+        self.optim = OptimSpec(**spec["optim"])
+        self.schedule_steps = spec["schedule_steps"]
+        self.run_record = saved
 
     def forward(self, idx: Tensor, start_pos: int = 0) -> Tensor:
         return self.model(idx, start_pos)

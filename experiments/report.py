@@ -1,0 +1,312 @@
+"""``make report``: every committed table at every scale as one static site (``outputs/report/index.html``; it opens
+from disk, with no server and no network). Each page has the README's reading of the table, the table as the engine
+wrote it (ours beside the paper's, the phenomenon checks, paired effects with raw and Holm-corrected verdicts), its
+figures, and links to its CSVs and to each cell's config. Pages come from Jinja2 templates
+(``experiments/templates/``), Markdown is rendered by markdown-it-py and figures are drawn by ``attnlab.plots``."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+MARKER = ".attnlab-report"  # marks a directory this script wrote, so it may replace it and nothing else
+# a reading in the README: <!-- reading: table3 table4 --> ... <!-- /reading -->, shown on those tables' pages
+READING = re.compile(r"<!-- reading: ([\w ]+) -->\n(.*?)<!-- /reading -->", re.S)
+VERDICTS = ("reproduces", "opposite", "inconclusive", "present", "absent", "not measured", "no paper value")
+VERDICT_CELL = re.compile(rf"<td( style=\"[^\"]*\")?>((?:<strong>)?({'|'.join(VERDICTS)})(?:</strong>)?)</td>")
+ORDER = (
+    "table1",
+    "table2",
+    "table3",
+    "table4",
+    "table5",
+    "table6",
+    "table7",
+    "table8",
+    "outliers",
+    "gating",
+    "pruning",
+)
+ORDER += ("emergence", "bench")  # then any other results directory, by name
+COPIED = ("*.csv", "*.md", "*.png")
+RESULTS_LINK = re.compile(r'(src|href)="(experiments/results/[^"#]+)"')
+
+
+@dataclass
+class Link:
+    label: str
+    href: str
+    note: str = ""
+
+
+@dataclass
+class RunRow:
+    """One line of ``runs.csv``: the cell and the link to its config."""
+
+    stage: str
+    row: str
+    attention: str
+    seed: int
+    run: str
+    config: Link | None
+
+
+@dataclass
+class Page:
+    """One table at one scale (or one protocol of a synthetic table; or a results directory with no table)."""
+
+    name: str
+    variant: str  # the scale (cpu, cpu_long, smoke), the synthetic protocol (default, converged) or the directory
+    source: Path
+    title: str = ""
+    body: str = ""
+    reading: str = ""
+    figures: list[Link] = field(default_factory=list)
+    files: list[Link] = field(default_factory=list)
+    runs: list[RunRow] = field(default_factory=list)
+    configs_note: str = ""
+    phenomena: list[str] = field(default_factory=list)
+    verdicts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def filename(self) -> str:
+        return f"{self.name}-{self.variant}.html"
+
+
+def readings(readme: str) -> dict[str, str]:
+    """Table name -> the README's reading of it (Markdown), from the ``<!-- reading: ... -->`` blocks."""
+    found: dict[str, str] = {}
+    for names, text in READING.findall(readme):
+        for name in names.split():
+            found[name] = found.get(name, "") + text
+    return found
+
+
+def markdown_html(text: str) -> str:
+    """CommonMark with GitHub's pipe tables; verdict and phenomenon cells get a class so the page can colour them."""
+    from markdown_it import MarkdownIt
+
+    html = MarkdownIt("commonmark").enable("table").render(text)
+    return VERDICT_CELL.sub(lambda m: f'<td class="verdict {m[3].replace(" ", "-")}"{m[1] or ""}>{m[2]}</td>', html)
+
+
+def discover(results: Path) -> list[Page]:
+    """Every results directory: ``<table>/<scale>/<table>.md`` (the engine's), ``<table>/<table>.md`` and its protocol
+    subdirectories (the synthetic tables), or a directory of other results (``emergence``, ``bench``)."""
+    pages = []
+    for table_dir in sorted(results.iterdir(), key=lambda d: (ORDER.index(d.name) if d.name in ORDER else 99, d.name)):
+        if not table_dir.is_dir():
+            continue
+        name = table_dir.name
+        found = [d for d in (table_dir, *sorted(table_dir.iterdir())) if (d / f"{name}.md").is_file()]
+        if not found and any(any(table_dir.glob(pattern)) for pattern in COPIED):
+            pages.append(Page(name, table_dir.name, table_dir))
+        for directory in found:
+            variant = "default" if directory == table_dir else directory.name
+            pages.append(Page(name, variant, directory))
+    return pages
+
+
+def table_config(name: str, root: Path) -> Path | None:
+    path = root / "experiments" / "conf" / "table" / f"{name}.yaml"
+    return path if path.is_file() else None
+
+
+def synthetic_config(page: Page, root: Path) -> Path | None:
+    """The synthetic protocol's config (``experiments/conf/synthetic_table/<table>/[options/]<protocol>.yaml``)."""
+    base = root / "experiments" / "conf" / "synthetic_table" / page.name
+    for path in (base / f"{page.variant}.yaml", base / "options" / f"{page.variant}.yaml"):
+        if path.is_file():
+            return path
+    return None
+
+
+def copy_files(page: Page, out: Path, results: Path, site_paths: dict[str, str]) -> None:
+    """The directory's CSVs, Markdown and PNGs (not its subdirectories: those are pages of their own); ``site_paths``
+    gets each one's path in the repository (``experiments/results/...``, as the README links it) -> in the site."""
+    target = out / "data" / page.name / page.variant
+    target.mkdir(parents=True, exist_ok=True)
+    for pattern in COPIED:
+        for path in sorted(page.source.glob(pattern)):
+            shutil.copy2(path, target / path.name)
+            link = Link(path.name, f"data/{page.name}/{page.variant}/{path.name}")
+            (page.figures if path.suffix == ".png" else page.files).append(link)
+            site_paths[f"experiments/results/{path.relative_to(results).as_posix()}"] = link.href
+
+
+def site_links(html: str, site_paths: dict[str, str]) -> str:
+    """The README's links to committed results point into the site's copies."""
+    return RESULTS_LINK.sub(lambda m: f'{m[1]}="{site_paths.get(m[2], m[2])}"', html)
+
+
+def draw_engine_figures(page: Page, out: Path, root: Path) -> None:
+    """Ours beside the paper's per stage, and the metrics logged while training (``curves.csv``)."""
+    import matplotlib.pyplot as plt
+
+    from attnlab.plots import save
+    from attnlab.tables.figures import TableResults
+
+    results = TableResults.load(page.source, root, scale=page.variant)
+    figures = {f"ours vs the paper's, {stage}": fig for stage, fig in results.stage_figures().items()}
+    training = results.training_figure()
+    if training is not None:
+        figures["metrics while training"] = training
+    (out / "figures").mkdir(exist_ok=True)
+    for index, (label, fig) in enumerate(figures.items()):
+        path = save(fig, out / "figures" / f"{page.name}-{page.variant}-{index}.png")
+        plt.close(fig)
+        page.figures.insert(index, Link(label, f"figures/{path.name}"))
+
+
+def cell_configs(page: Page, out: Path, root: Path) -> None:
+    """Each cell of ``runs.csv`` with its config: the one it ran with when its run directory is on this machine, else
+    the one the table config composes today (said in the file's first lines, with the name it gives the cell)."""
+    import pandas as pd
+    from omegaconf import OmegaConf, open_dict
+
+    from attnlab.errors import ConfigError
+    from attnlab.tables import load_table
+    from attnlab.tables.engine import Engine
+
+    runs = pd.read_csv(page.source / "runs.csv")
+    try:
+        engine = Engine(load_table(page.name, root), page.variant, root=root, runs_dir=root / "outputs" / "runs")
+        cells = {(c.stage, c.row, c.attention, c.seed): c for c in engine.cells()}
+    except ConfigError as exc:
+        engine, cells = None, {}
+        page.configs_note = f"the table config no longer composes at scale {page.variant} ({exc}): no configs"
+    target = out / "configs" / f"{page.name}-{page.variant}"
+    target.mkdir(parents=True, exist_ok=True)
+    source = f"experiments/conf/table/{page.name}.yaml, scale {page.variant}"
+    for run in runs.itertuples():
+        recorded_name = Path(str(run.run)).name
+        run_dir = Path(str(run.run)) if Path(str(run.run)).is_absolute() else root / str(run.run)
+        cell = cells.get((run.stage, run.row, run.attention, int(run.seed)))
+        path = target / f"{recorded_name}.yaml"
+        if (run_dir / ".hydra" / "config.yaml").is_file():
+            header = f"# the config this cell ran with ({run.run}/.hydra/config.yaml)\n"
+            path.write_text(header + (run_dir / ".hydra" / "config.yaml").read_text())
+            note = "as run"
+        elif cell is not None and engine is not None:
+            cfg = engine.compose(list(cell.overrides))
+            with open_dict(cfg):
+                del cfg["hydra"]
+            header = f"# composed from {source} by today's code ({time.strftime('%Y-%m-%d')}): the run's directory is "
+            header += "not on this machine\n"
+            if cell.directory.name != recorded_name:
+                header += (
+                    f"# today's config names this cell {cell.directory.name}, not {recorded_name}: something in its "
+                    "identity changed since it ran (a default, or how a fine-tune's start is named)\n"
+                )
+            path.write_text(header + OmegaConf.to_yaml(cfg))
+            note = "composed today" + ("" if cell.directory.name == recorded_name else ", named differently now")
+        else:
+            path = None
+            note = ""
+        link = Link("config", f"configs/{page.name}-{page.variant}/{path.name}", note) if path else None
+        page.runs.append(RunRow(run.stage, run.row, run.attention, int(run.seed), recorded_name, link))
+
+
+def summarise(page: Page) -> None:
+    """The index's line per page: the phenomenon checks and the Holm-corrected verdicts' counts."""
+    import pandas as pd
+
+    if (page.source / "phenomena.csv").is_file():
+        checks = pd.read_csv(page.source / "phenomena.csv")
+        page.phenomena = sorted({f"{c.phenomenon}: {c.status}" for c in checks.itertuples()})
+    if (page.source / "effects.csv").is_file():
+        effects = pd.read_csv(page.source / "effects.csv")
+        column = "verdict_holm" if "verdict_holm" in effects else "verdict"
+        counts = Counter(v for v in effects[column] if v in ("reproduces", "opposite", "inconclusive"))
+        page.verdicts = {v: counts[v] for v in ("reproduces", "opposite", "inconclusive")}
+
+
+def fill(page: Page, out: Path, root: Path, reading: str, site_paths: dict[str, str]) -> None:
+    """The page's text, figures, files and cells (its results files are already copied)."""
+    own = page.source / f"{page.name}.md"
+    markdowns = [own] if own.is_file() else sorted(page.source.glob("*.md"))
+    text = "\n\n".join(path.read_text() for path in markdowns)
+    if own.is_file() and text.startswith("# "):  # the table's own title is the page's
+        page.title, _, text = text[2:].partition("\n")
+    page.title = page.title or f"{page.name}: experiments/results/{page.source.name}/"
+    page.body = site_links(markdown_html(text), site_paths)
+    page.reading = site_links(markdown_html(reading), site_paths) if reading else ""
+    if table_config(page.name, root) and (page.source / "runs.csv").is_file():
+        draw_engine_figures(page, out, root)
+        cell_configs(page, out, root)
+        page.files.append(Link(f"{page.name}.yaml (the table config)", f"configs/{page.name}.yaml"))
+        shutil.copy2(table_config(page.name, root), out / "configs" / f"{page.name}.yaml")
+    elif (config := synthetic_config(page, root)) is not None:
+        (out / "configs").mkdir(exist_ok=True)
+        shutil.copy2(config, out / "configs" / f"{page.name}-{config.name}")
+        page.files.append(Link(f"{config.name} (the protocol's config)", f"configs/{page.name}-{config.name}"))
+    summarise(page)
+
+
+def build(results: Path, out: Path, root: Path = ROOT, readme: Path | None = None) -> Path:
+    """Write the site into ``out`` (replacing a report written there before, and nothing else); returns its index."""
+    from attnlab.errors import ConfigError
+
+    if out.exists() and any(out.iterdir()) and not (out / MARKER).is_file():
+        raise ConfigError("--out", f"an empty directory or an earlier report ({out} holds other files)")
+    if not results.is_dir():
+        raise ConfigError("--results", f"a directory of table results ({results} is not one)")
+    from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+    texts = readings((readme or root / "README.md").read_text())
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))  # swapped in whole when it is written
+    try:
+        pages = discover(results)
+        site_paths: dict[str, str] = {}
+        for page in pages:
+            copy_files(page, staging, results, site_paths)
+        for page in pages:
+            fill(page, staging, root, texts.get(page.name, ""), site_paths)
+        environment = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape())
+        made = time.strftime("%Y-%m-%d %H:%M")
+        common = {"pages": pages, "made": made, "results": shown(results, root)}
+        for page in pages:
+            html = environment.get_template("page.html.j2").render(page=page, **common)
+            (staging / page.filename).write_text(html)
+        (staging / "index.html").write_text(environment.get_template("index.html.j2").render(**common))
+        (staging / MARKER).write_text("written by experiments/report.py; replaced whole by the next make report\n")
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if out.exists():
+        shutil.rmtree(out)
+    staging.rename(out)
+    return out / "index.html"
+
+
+def shown(path: Path, root: Path) -> str:
+    path = path.resolve()
+    return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", type=Path, default=ROOT / "experiments" / "results", help="committed results")
+    parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "report", help="where the site is written")
+    args = parser.parse_args(argv)
+    from attnlab.errors import ConfigError
+
+    try:
+        index = build(args.results, args.out)
+    except ConfigError as exc:
+        sys.exit(f"error: {exc}")
+    print(f"report: {index} (open it in a browser; it needs no server)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""``make report`` on the committed results, opened in headless Chromium (slow): every page renders, every figure
+loads, every table is on the index; screenshots are kept in ``outputs/test-artifacts/report/``."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from experiments import report
+
+from tests.conftest import ROOT
+
+BROWSER = next(
+    (shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome") if shutil.which(name)), None
+)
+SCREENSHOTS = ROOT / "outputs" / "test-artifacts" / "report"
+
+
+def browse(*args: str) -> str:
+    command = [BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=True).stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.skipif(BROWSER is None, reason="no Chromium: `apt-get install chromium` (Debian's package) to run it")
+def test_the_report_renders_in_a_browser_with_every_table_and_figure(tmp_path: Path) -> None:
+    index = report.build(ROOT / "experiments" / "results", tmp_path / "site")
+    pages = report.discover(ROOT / "experiments" / "results")
+    dom = browse("--dump-dom", index.as_uri())
+    assert all(f'href="{page.filename}"' in dom for page in pages)
+    assert {"table3", "table4", "outliers", "gating", "pruning"} <= {page.name for page in pages}
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    for page in pages:
+        path = tmp_path / "site" / page.filename
+        dom = browse("--dump-dom", path.as_uri())
+        assert 'data-broken-images="0"' in dom, f"{page.filename}: a figure did not load"
+        assert "<h1>" in dom and ("<table" in dom or page.name in ("emergence", "bench"))
+        assert len(re.findall(r"<img ", dom)) >= len(page.figures)
+        if page.name in ("table3", "outliers") or page.filename == pages[0].filename:
+            browse(
+                f"--screenshot={SCREENSHOTS / page.filename.replace('.html', '.png')}",
+                "--window-size=1400,2000",
+                path.as_uri(),
+            )
+    browse(f"--screenshot={SCREENSHOTS / 'index.png'}", "--window-size=1400,1000", index.as_uri())
+    assert (SCREENSHOTS / "index.png").stat().st_size > 10_000
