@@ -128,7 +128,7 @@ def test_interrupted_cell_resumes_from_its_last_checkpoint(smoke_run: dict) -> N
     assert "Restoring states from the checkpoint path" in log or "Resuming" in log
 
 
-def test_passkey_lengths_beyond_the_window_are_one_error_line_in_attnlab_eval(
+def test_passkey_lengths_beyond_the_window_are_one_error_line_in_attnlab_lm_eval(
     smoke_run: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Through lm-eval's CLI too, prompts are never cut to fit: the smoke model's window is 256 tokens."""
@@ -136,7 +136,7 @@ def test_passkey_lengths_beyond_the_window_are_one_error_line_in_attnlab_eval(
 
     engine = Engine(smoke_table(), "smoke", root=ROOT, runs_dir=smoke_run["settings"]["runs_dir"])
     checkpoint = engine.cells()[0].checkpoint
-    argv = ["attnlab-eval", "--model", "attnlab", "--model_args", f"checkpoint={checkpoint}", "--limit", "1"]
+    argv = ["attnlab-lm-eval", "--model", "attnlab", "--model_args", f"checkpoint={checkpoint}", "--limit", "1"]
     argv += ["--tasks", "attnlab_passkey", "--metadata", '{"context_lengths": [200, 1024]}']
     monkeypatch.setattr(sys, "argv", argv)
     with pytest.raises(SystemExit) as stopped:  # sys.exit("error: ..."): that one line on stderr, exit status 1
@@ -238,14 +238,14 @@ def test_a_signal_to_a_table_stops_its_training_and_is_one_line(
 
 
 def training_processes(under: Path) -> list[str]:
-    """Command lines of the running processes that name ``under`` (a table's train.py sweeps do)."""
+    """Command lines of the running processes that name ``under`` (a table's training sweeps do)."""
     found = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
             text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if str(under) in text and "train.py" in text:
+        if str(under) in text and "attnlab.cli.train" in text:
             found.append(text)
     return found
 

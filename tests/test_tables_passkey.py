@@ -1,5 +1,5 @@
 """``eval=passkey`` without explicit lengths follows the model's window (explicit ones that do not fit stay errors),
-in our harness and in lm-eval's own task loading (``attnlab-eval``); lm-eval finds the model by entry point."""
+in our harness and in lm-eval's own task loading (``attnlab-lm-eval``); lm-eval finds the model by entry point."""
 
 from importlib.metadata import entry_points
 from pathlib import Path

@@ -9,9 +9,45 @@ from attnlab.numerics import pin_cpu_kernels
 pin_cpu_kernels()  # before anything imports torch: the same numbers on every x86-64 CPU (attnlab/numerics.py)
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from pathlib import Path
+    from types import ModuleType
+
+    from tokenizers import Tokenizer
+
     from attnlab.models import GPT
 
-__all__ = ["build_model", "from_hf"]
+__all__ = ["build_model", "evaluate", "from_hf", "load", "tables", "train"]
+
+
+def train(overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """Train as ``attnlab-train <overrides>`` does, in this process; returns the run's results (``output_dir``...)."""
+    from attnlab.api import train as run
+
+    return run(overrides)
+
+
+def evaluate(checkpoint: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """Evaluate our checkpoint (``.ckpt`` or run directory) or an HF model as ``attnlab-eval`` does; its results."""
+    from attnlab.api import evaluate as run
+
+    return run(checkpoint, overrides)
+
+
+def load(path: str | Path, attention: dict | str = "vanilla") -> tuple[GPT, Tokenizer]:
+    """``(model, tokenizer)`` from our checkpoint (``.ckpt`` or run directory) or an HF directory or hub name."""
+    from attnlab.api import load as run
+
+    return run(path, attention)
+
+
+def __getattr__(name: str) -> ModuleType:
+    """``attnlab.tables.reproduce(name, scale)`` after a plain ``import attnlab``: the subpackage on first use."""
+    if name == "tables":
+        import importlib
+
+        return importlib.import_module("attnlab.tables")
+    raise AttributeError(f"module 'attnlab' has no attribute {name!r}")
 
 
 def build_model(cfg: Any) -> GPT:

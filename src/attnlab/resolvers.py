@@ -22,17 +22,19 @@ def project_root(*, _root_: DictConfig) -> str:
     """``${project_root:}``: the repository that holds the entry point's config directory (``conf/``, or the table
     engine's ``experiments/conf/``): its nearest ancestor with a ``pyproject.toml``, else its parent. Outputs and the
     cache land there whichever directory a command starts from (the lightning-hydra-template anchors them to its
-    project root the same way). Hydra records the config directory as its ``main`` config source; the current
-    directory is the fallback for a config composed without Hydra's runtime information."""
-    sources = OmegaConf.select(_root_, "hydra.runtime.config_sources", default=None)
-    if sources is None and HydraConfig.initialized():  # inside the job: the task's config has no hydra node
-        sources = HydraConfig.get().runtime.config_sources
-    for source in sources or []:
+    project root the same way). Hydra records the config directory as its ``main`` config source. An installed
+    attnlab (its configs come from the package: ``pkg://``) writes under the job's working directory
+    (``hydra.runtime.cwd``: the table engine sets it to its project), and a config composed without Hydra's runtime
+    information under the current directory."""
+    runtime = OmegaConf.select(_root_, "hydra.runtime", default=None)
+    if runtime is None and HydraConfig.initialized():  # inside the job: the task's config has no hydra node
+        runtime = HydraConfig.get().runtime
+    for source in (runtime.get("config_sources") if runtime is not None else None) or []:
         if source.provider == "main" and source.schema == "file":
             config_dir = Path(source.path).resolve()
             repository = next((d for d in config_dir.parents if (d / "pyproject.toml").is_file()), config_dir.parent)
             return str(repository)
-    return os.getcwd()
+    return str((runtime.get("cwd") if runtime is not None else None) or os.getcwd())
 
 
 def job_dirname(num: int, overrides: str) -> str:

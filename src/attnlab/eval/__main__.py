@@ -1,4 +1,4 @@
-"""``attnlab-eval`` / ``python -m attnlab.eval``: lm-eval's own command line, with the ``attnlab`` model registered.
+"""``attnlab-lm-eval`` / ``python -m attnlab.eval``: lm-eval's own command line, with the ``attnlab`` model registered.
 
 lm-eval 0.4.13 finds models only in its registry (recent lm-eval main also reads the ``lm_eval.models`` entry
 points, where pyproject declares ``attnlab``), so a model outside its tree has to be imported before its CLI parses

@@ -136,7 +136,7 @@ def is_correct(output: str, key: int) -> bool:
 # ---------------------------------------------------------------------------- the lm-eval task's hooks
 def passkey_dataset(**metadata: Any) -> DatasetDict:
     """lm-eval ``custom_dataset``: metadata carries the model args (the tokenizer, the window the lengths must fit)
-    and the task settings (``attnlab-eval --metadata '{"context_lengths": [...]}'``)."""
+    and the task settings (``attnlab-lm-eval --metadata '{"context_lengths": [...]}'``)."""
     from attnlab.eval.lm import load_tokenizer
 
     tokenizer = load_tokenizer(metadata.get("checkpoint"), metadata.get("pretrained"), metadata.get("tokenizer"))

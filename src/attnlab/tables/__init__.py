@@ -8,38 +8,61 @@ from pathlib import Path
 from typing import Any
 
 
-def load_table(name: str, root: Path) -> dict[str, Any]:
-    """``experiments/conf/table/<name>.yaml`` as the engine gets it: composed by Hydra (its ``/table_protocol``
-    defaults merged)."""
+def table_config(name: str, scale: str = "cpu", root: Path | None = None) -> Any:
+    """``reproduce_table.yaml`` with ``table=<name> scale=<scale>``, composed by Hydra (the table's
+    ``/table_protocol`` defaults merged): the table and where its runs and results go. ``root``: a project whose
+    ``experiments/conf`` to read instead of the checkout's or the installed package's."""
     from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import OmegaConf
 
     import attnlab.resolvers  # noqa: F401  (the config's ${project_root:})
+    from attnlab.configs import initialized
+
+    overrides = [f"table={name}", f"scale={scale}"]
+    if root is None:
+        with initialized("experiments/conf", job_name="reproduce_table"):
+            return compose(config_name="reproduce_table", overrides=overrides)
+    from hydra.core.global_hydra import GlobalHydra
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(root / "experiments" / "conf"), version_base="1.3"):
-        cfg = compose(config_name="reproduce_table", overrides=[f"table={name}"])
-    return OmegaConf.to_container(cfg.table, resolve=True)
+        return compose(config_name="reproduce_table", overrides=overrides)
+
+
+def load_table(name: str, root: Path | None = None) -> dict[str, Any]:
+    """``experiments/conf/table/<name>.yaml`` as the engine gets it (see ``table_config``)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(table_config(name, root=root).table, resolve=True)
 
 
 def reproduce(
-    table: dict[str, Any],
+    table: str | dict[str, Any],
     scale: str,
     *,
-    root: Path,
-    runs_dir: Path,
-    results_dir: Path,
+    root: Path | None = None,
+    runs_dir: Path | None = None,
+    results_dir: Path | None = None,
     force: bool = False,
     args: Sequence[str] = (),
     launcher: Sequence[str] = (),
 ) -> str:
     """Train what is missing, evaluate what is not evaluated, write and print the table (and log it to W&B when the
-    cells log there); returns its Markdown."""
+    cells log there); returns its Markdown. ``table``: a name in experiments/conf/table/ (what ``attnlab-table
+    table=<name>`` runs; the directories it leaves unset come from reproduce_table.yaml: the checkout's outputs/ and
+    experiments/results/, or the current directory's when installed) or a table ``load_table`` composed."""
+    from omegaconf import OmegaConf
+
     from attnlab.tables.collect import write
     from attnlab.tables.engine import Engine
     from attnlab.tables.reports import REPORTS
 
+    if isinstance(table, str):
+        cfg = table_config(table, scale)
+        root, runs_dir = root or Path(cfg.root_dir), runs_dir or Path(cfg.runs_dir)
+        results_dir = results_dir or Path(cfg.results_dir)
+        table = OmegaConf.to_container(cfg.table, resolve=True)
+    if root is None or runs_dir is None or results_dir is None:
+        raise TypeError("a composed table needs root, runs_dir and results_dir (a table's name does not)")
     engine = Engine(table, scale, root=root, runs_dir=runs_dir, force=force, args=args, launcher=launcher)
     cells = engine.cells()
     engine.check_requirements()

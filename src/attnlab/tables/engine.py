@@ -1,10 +1,11 @@
 """The table engine: a table config (``experiments/conf/table/*.yaml``) -> training multiruns -> evaluations -> the
 table.
 
-Each grid cell is a ``train.py`` run in ``<runs_dir>/<cell name>`` (``attnlab.tables.cells``). A stage's pending
-cells go to ``train.py -m`` as Hydra multiruns, so any Hydra launcher (``hydra/launcher=submitit_slurm``,
-``joblib``) spreads them with no code change; finished cells (``results.json`` present) are never relaunched, and
-an interrupted one resumes from its own ``checkpoints/last.ckpt``. Evaluations are cached per (cell, suite).
+Each grid cell is a training run in ``<runs_dir>/<cell name>`` (``attnlab.tables.cells``). A stage's pending
+cells go to ``python -m attnlab.cli.train -m`` (``train.py``'s job, installed or not) as Hydra multiruns, so any
+Hydra launcher (``hydra/launcher=submitit_slurm``, ``joblib``) spreads them with no code change; finished cells
+(``results.json`` present) are never relaunched, and an interrupted one resumes from its own
+``checkpoints/last.ckpt``. Evaluations are cached per (cell, suite).
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
+from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from attnlab.configs import config_files, initialized
 from attnlab.errors import ConfigError
 from attnlab.runs import LAST_CHECKPOINT, RESULTS_FILE, run_directory_in_use, validate_train_config
 from attnlab.tables.cells import cell_name
@@ -119,7 +120,8 @@ class Cell:
 
 @dataclass
 class Engine:
-    """Runs one table at one scale; ``root`` is the repository (``train.py`` and ``conf/``)."""
+    """Runs one table at one scale; ``root`` is the project its sweeps start in (the repository, or the directory
+    an installed attnlab-table started from)."""
 
     table: dict[str, Any]
     scale: str
@@ -153,9 +155,8 @@ class Engine:
 
     # ------------------------------------------------------------------------------------------ the grid
     def compose(self, overrides: list[str]) -> DictConfig:
-        """``train.yaml`` with ``overrides``, as the job will see it (``hydra.runtime.cwd`` is the repository)."""
-        GlobalHydra.instance().clear()
-        with initialize_config_dir(config_dir=str(self.root / "conf"), version_base="1.3"):
+        """``train.yaml`` with ``overrides``, as the job will see it (``hydra.runtime.cwd`` is the project)."""
+        with initialized("conf", job_name="train"):
             cfg = compose(config_name="train", overrides=overrides, return_hydra_config=True)
         with open_dict(cfg):
             cfg.hydra.runtime.cwd = str(self.root)
@@ -306,7 +307,8 @@ class Engine:
         seeds = ",".join(str(s) for s in dict.fromkeys(c.seed for c in cells))
         return [
             sys.executable,
-            str(self.root / "train.py"),
+            "-m",
+            "attnlab.cli.train",  # train.py's job, from a checkout or installed
             "-m",
             *fixed,
             f"attention={attentions}",
@@ -329,7 +331,7 @@ class Engine:
                 wait_while_trained_elsewhere(group)
                 for ready in self.launch_groups([c for c in group if not c.finished]):
                     command = self.sweep_command(ready)
-                    log.info("%s: %d cell(s): %s", stage, len(ready), " ".join(command[2:]))
+                    log.info("%s: %d cell(s): %s", stage, len(ready), " ".join(command[3:]))
                     run_sweep(command, self.root)
             unfinished = [c.directory.name for c in cells if c.stage == stage and not c.finished]
             if unfinished:
@@ -341,7 +343,7 @@ class Engine:
         import json
 
         spec = self.settings["eval"]
-        suite = OmegaConf.to_container(OmegaConf.load(self.root / "conf" / "eval" / f"{spec['suite']}.yaml"))
+        suite = OmegaConf.to_container(OmegaConf.load(config_files("conf") / "eval" / f"{spec['suite']}.yaml"))
         suite.update(spec.get("suite_overrides") or {})
         records = []
         for cell in cells:
