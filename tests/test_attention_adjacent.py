@@ -284,8 +284,9 @@ def test_ssmax_init_is_the_papers_value() -> None:
 # --- memory: the explicit paths keep no (T x T) matrix for backward ---
 
 
-@pytest.mark.parametrize("name", ["sink", "softpick", "sigmoid"])
+@pytest.mark.parametrize("name", ["sink", "softpick", "sigmoid", "clipped_softmax"])
 def test_no_score_matrix_is_kept_for_backward(name: str) -> None:
+    """With checkpointed query chunks, backward keeps only O(T) tensors; the reference keeps (T x T) maps."""
     t = 64
     layer = variant(name, chunk_size=16)  # a (16 x 64) chunk of scores is larger than q, k or v
     q, k, v = qkv(t, t)
@@ -298,3 +299,7 @@ def test_no_score_matrix_is_kept_for_backward(name: str) -> None:
     with torch.autograd.graph.saved_tensors_hooks(record, lambda saved: saved):
         layer.attend(q, k, v, None, True, 0.0)
     assert max(sizes) <= 2 * H * t * DH  # q/k/v-sized
+    sizes.clear()
+    with torch.autograd.graph.saved_tensors_hooks(record, lambda saved: saved):
+        layer.reference_attention(q, k, v, None, True)
+    assert max(sizes) >= 2 * H * t * t  # the check above could fail

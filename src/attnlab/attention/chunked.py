@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
@@ -41,3 +42,26 @@ def over_query_chunks(
         args = (q[:, :, start:stop], k[:, :, :keys], v[:, :, :keys], bias)
         chunks.append(checkpoint(fn, *args, use_reentrant=False) if recompute else fn(*args))
     return torch.cat(chunks, dim=2)
+
+
+def attend_in_chunks(
+    probabilities: Callable[[Tensor], Tensor],
+    scale: float,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    is_causal: bool,
+    dropout: float,
+    chunk_size: int,
+) -> Tensor:
+    """o = dropout(probabilities(q k^T * scale + bias)) v over chunks of queries, in fp32 even under autocast: the
+    explicit path of a variant whose row-wise map (clipped softmax, softpick, sigmoid) the fused kernel cannot run."""
+
+    def chunk(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
+        with torch.autocast(q.device.type, enabled=False):
+            scores = (q.float() @ k.float().transpose(-2, -1)) * scale
+            probs = probabilities(scores if bias is None else scores + bias)
+            return (F.dropout(probs, p=dropout) @ v.float()).to(q.dtype)
+
+    return over_query_chunks(chunk, q, k, v, mask, is_causal, chunk_size)

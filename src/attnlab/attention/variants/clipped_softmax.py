@@ -9,15 +9,13 @@ backward when there is more than one chunk.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from attnlab.attention.base import AttentionShape, AttentionVariant, VariantOptions, register
-from attnlab.attention.chunked import over_query_chunks
+from attnlab.attention.chunked import attend_in_chunks
 from attnlab.errors import require
 
 
@@ -66,12 +64,6 @@ class ClippedSoftmax(AttentionVariant):
         return torch.clamp((self.zeta - self.gamma) * torch.softmax(scores.float(), dim=-1) + self.gamma, 0, 1)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout: float) -> Tensor:
-        chunk = partial(self._chunk, dropout=dropout)
-        return over_query_chunks(chunk, q, k, v, mask, is_causal, self.options.chunk_size)
-
-    def _chunk(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, dropout: float) -> Tensor:
-        """Exact clipped attention for a chunk of queries over its keys, in fp32 even under autocast."""
-        with torch.autocast(q.device.type, enabled=False):
-            scores = (q.float() @ k.float().transpose(-2, -1)) * self.scale
-            probs = self.probabilities(scores if bias is None else scores + bias)
-            return (F.dropout(probs, p=dropout) @ v.float()).to(q.dtype)
+        return attend_in_chunks(
+            self.probabilities, self.scale, q, k, v, mask, is_causal, dropout, self.options.chunk_size
+        )

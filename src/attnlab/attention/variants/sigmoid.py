@@ -16,11 +16,10 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from attnlab.attention.base import AttentionShape, AttentionVariant, VariantOptions, register
-from attnlab.attention.chunked import over_query_chunks
+from attnlab.attention.chunked import attend_in_chunks
 from attnlab.errors import require
 
 
@@ -55,10 +54,6 @@ class SigmoidAttention(AttentionVariant):
         return torch.sigmoid(scores.float() + self.bias)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout: float) -> Tensor:
-        def chunk(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
-            with torch.autocast(q.device.type, enabled=False):
-                scores = (q.float() @ k.float().transpose(-2, -1)) * self.scale
-                probs = self.probabilities(scores if bias is None else scores + bias)
-                return (F.dropout(probs, p=dropout) @ v.float()).to(q.dtype)
-
-        return over_query_chunks(chunk, q, k, v, mask, is_causal, self.options.chunk_size)
+        return attend_in_chunks(
+            self.probabilities, self.scale, q, k, v, mask, is_causal, dropout, self.options.chunk_size
+        )
