@@ -229,3 +229,14 @@ def test_make_bench_writes_every_section(tmp_path) -> None:
         assert heading in text
     for peer in ("nanogpt", "hf-sdpa", "hf-eager", "gated_sdpa"):
         assert f"| {peer}" in text
+
+
+def test_variants_that_refuse_the_position_encoding_are_timed_against_vanilla_without_one(tmp_path) -> None:
+    """Stick-breaking takes no position encoding and the `tiny` shape learns positions: it is timed with none, beside
+    a vanilla with none, instead of being left out."""
+    out = tmp_path / "bench.md"
+    options = ["--batch", "1", "--vocab", "512", "--rounds", "1"]  # ~1 s a step
+    bench_main(["--out", str(out), "--sections", "variants", "--attention", "gated_sdpa", "stickbreaking", *options])
+    rows = [line.split("|")[1].strip() for line in out.read_text().splitlines() if line.startswith("| ")][1:]
+    assert rows == ["vanilla", "gated_sdpa", "vanilla (pos_encoding=none)", "stickbreaking (pos_encoding=none)"]
+    assert "as they refuse this shape's position encoding: stickbreaking." in out.read_text()

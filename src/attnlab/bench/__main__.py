@@ -106,33 +106,50 @@ def variants_section(args: argparse.Namespace, device: torch.device, progress: P
     shape = resized(SHAPES[args.variants_shape], args)
     language = [n for n in available_attention() if n not in SYNTHETIC_ONLY_ATTENTION]  # not the synthetic ones
     names = ["vanilla", *(n for n in args.attention or language if n != "vanilla")]
-    contenders, refused = [], []
-    for name in names:
+    # fox and stick-breaking refuse some position encodings: timed with none, beside vanilla with none
+    no_positions = [name for name in names if refuses_position_encoding(name, shape)]
+    plans = [(name, {}) for name in names if name not in no_positions]
+    if no_positions:
+        plans += [(name, {"pos_encoding": "none"}) for name in ("vanilla", *no_positions)]
+    contenders, baselines = [], {}  # contender -> the vanilla it is timed against
+    for name, model_options in plans:
         for compiled in (False, True) if args.compile_variants else (False,):
-            label = f"{name} compiled" if compiled else name
-            progress(f"variants: building {label}")
-            try:
-                model = build_peer("attnlab", shape, attention=name).to(device)
-            except ConfigError as error:  # fox and stick-breaking refuse some position encodings
-                if error.key != "model.pos_encoding":
-                    raise
-                refused.append(name)
-                break
-            contenders.append(contender(label, model, shape, device, args.fused_adamw, "model" if compiled else None))
+            suffix = (" compiled" if compiled else "") + (" (pos_encoding=none)" if model_options else "")
+            progress(f"variants: building {name}{suffix}")
+            model = build_peer("attnlab", shape, attention=name, **model_options).to(device)
+            contenders.append(
+                contender(name + suffix, model, shape, device, args.fused_adamw, "model" if compiled else None)
+            )
+            baselines[name + suffix] = "vanilla" + suffix
     timings = time_round_robin(contenders, args.rounds, warmup=1, progress=progress)
     peak = get_available_flops(device, dtype(device))
     rows = []
     for c in contenders:
-        timing = timings[c.name]
-        base = timings["vanilla compiled" if c.name.endswith(" compiled") else "vanilla"]
+        timing, base = timings[c.name], timings[baselines[c.name]]
         row = timing_row(timing, base, shape, None, peak)
         del row["attnlab speed-up"], row["of GEMM"]
         rows.append({**row, "x vanilla": f"{timing.median_s / base.median_s:.2f}"})
     return (
         f"### Attention variants at the `{shape.name}` shape (batch {shape.batch} x {shape.length} tokens)\n\n"
         f"{markdown(rows)}\n\nx vanilla = the variant's time / vanilla's (compiled: / vanilla compiled)."
-        + (f" Not measured: {', '.join(refused)} (refuse this shape's position encoding)." if refused else "")
+        + (
+            " Timed with `pos_encoding=none` against vanilla with none, as they refuse this shape's position"
+            f" encoding: {', '.join(no_positions)}."
+            if no_positions
+            else ""
+        )
     )
+
+
+def refuses_position_encoding(name: str, shape: Shape) -> bool:
+    """Whether the variant refuses the shape's position encoding (fox: rotary; stick-breaking: all but none)."""
+    try:
+        build_peer("attnlab", shape, attention=name)
+    except ConfigError as error:
+        if error.key != "model.pos_encoding":
+            raise
+        return True
+    return False
 
 
 def clipped_section(args: argparse.Namespace, device: torch.device, progress: Progress) -> str:

@@ -57,10 +57,11 @@ def litgpt_available() -> bool:
     return importlib.util.find_spec("litgpt") is not None
 
 
-def build_peer(name: str, shape: Shape, attention: str = "vanilla") -> nn.Module:
-    """A freshly initialised model of ``shape`` whose forward maps (B, T) ids to (B, T, V) logits."""
+def build_peer(name: str, shape: Shape, attention: str = "vanilla", **model: object) -> nn.Module:
+    """A freshly initialised model of ``shape`` whose forward maps (B, T) ids to (B, T, V) logits (``model``: attnlab
+    model options beside the shape's, e.g. ``pos_encoding="none"``)."""
     if name == "attnlab":
-        return build_gpt(shape.model_config(), {"name": attention})
+        return build_gpt(shape.model_config(**model), {"name": attention})
     if name == "nanogpt":
         return ReferenceGPT(shape.n_layer, shape.n_head, shape.n_embd, shape.vocab_size, shape.length)
     if name.startswith("hf-"):
