@@ -76,8 +76,18 @@ def causal_bias(t_q: int, t_k: int, device: torch.device, dtype: torch.dtype = t
 IntermediateHook = Callable[[str, Tensor], Tensor]  # (name, tensor) -> the tensor to use instead
 
 
-def _unchanged(_name: str, x: Tensor) -> Tensor:
+def unchanged(_name: str, x: Tensor) -> Tensor:
+    """The identity ``IntermediateHook``: a reference path run without one."""
     return x
+
+
+def masked(scores: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
+    """Scores plus the additive ``mask``, or the causal bias when there is none and the attention is causal."""
+    if mask is not None:
+        return scores + mask.float()
+    if is_causal:
+        return scores + causal_bias(scores.shape[-2], scores.shape[-1], scores.device)
+    return scores
 
 
 RENAMED_OPTIONS = {"temperature_lr": "variant_lr"}  # old name -> new name (it always set the gates' lr too)
@@ -161,16 +171,16 @@ class AttentionVariant(nn.Module):
         ``hook(name, tensor)``, when given, replaces each intermediate as it is computed: ``"scores"`` (scaled QK^T,
         fp32, before the mask), ``"probabilities"`` (the variant's own, e.g. clipped) and ``"context"`` (P@V, fp32).
         """
-        groups = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        hook = hook or _unchanged
-        scores = hook("scores", (q.float() @ k.float().transpose(-2, -1)) * self.scale)
-        if mask is not None:
-            scores = scores + mask.float()
-        elif is_causal:
-            scores = scores + causal_bias(scores.shape[-2], scores.shape[-1], scores.device)
+        hook = hook or unchanged
+        scores = masked(self.scaled_scores(q, k, hook), mask, is_causal)
         probs = hook("probabilities", self.probabilities(scores))
-        return hook("context", probs @ v.float()).to(q.dtype), probs
+        return hook("context", probs @ v.repeat_interleave(q.shape[1] // v.shape[1], dim=1).float()).to(q.dtype), probs
+
+    def scaled_scores(self, q: Tensor, k: Tensor, hook: IntermediateHook) -> Tensor:
+        """fp32 ``q k^T / sqrt(d_h)`` (B, H, t_q, t_k), each query head against its KV group's keys, through
+        ``hook("scores")``: the first step of every plain-math reference path."""
+        keys = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        return hook("scores", (q.float() @ keys.float().transpose(-2, -1)) * self.scale)
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,9 @@ from attnlab.attention.base import (
     AttentionVariant,
     IntermediateHook,
     VariantOptions,
-    causal_bias,
+    masked,
     register,
+    unchanged,
 )
 from attnlab.errors import require
 
@@ -91,14 +92,9 @@ class DifferentialAttention(AttentionVariant):
         hook: IntermediateHook | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Probabilities (B, H, T, T): the two softmax maps of differential head i are heads 2i and 2i + 1."""
-        hook = hook or (lambda _name, x: x)
+        hook = hook or unchanged
         heads = q.shape[1]
-        keys = k.repeat_interleave(heads // k.shape[1], dim=1)
-        scores = hook("scores", (q.float() @ keys.float().transpose(-2, -1)) * self.scale)
-        if mask is not None:
-            scores = scores + mask.float()
-        elif is_causal:
-            scores = scores + causal_bias(scores.shape[-2], scores.shape[-1], scores.device)
+        scores = masked(self.scaled_scores(q, k, hook), mask, is_causal)
         probs = hook("probabilities", torch.softmax(scores, dim=-1))
         maps = probs.unflatten(1, (heads // 2, 2))
         difference = maps[:, :, 0] - self.lambda_full().float() * maps[:, :, 1]

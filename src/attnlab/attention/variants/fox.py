@@ -27,6 +27,7 @@ from attnlab.attention.base import (
     VariantOptions,
     causal_bias,
     register,
+    unchanged,
 )
 from attnlab.errors import require
 
@@ -96,9 +97,8 @@ class ForgettingAttention(AttentionVariant):
         is_causal: bool,
         hook: IntermediateHook | None = None,
     ) -> tuple[Tensor, Tensor]:
-        hook = hook or (lambda _name, x: x)
-        groups = q.shape[1] // k.shape[1]
-        keys = k[..., : self.shape.head_dim].repeat_interleave(groups, dim=1)
-        scores = hook("scores", (q.float() @ keys.float().transpose(-2, -1)) * self.scale)
+        hook = hook or unchanged
+        scores = self.scaled_scores(q, k[..., : self.shape.head_dim], hook)
         probs = hook("probabilities", torch.softmax(scores + self.bias(q, k, mask, is_causal), dim=-1))
-        return hook("context", probs @ v.repeat_interleave(groups, dim=1).float()).to(q.dtype), probs
+        values = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1).float()
+        return hook("context", probs @ values).to(q.dtype), probs

@@ -28,7 +28,9 @@ from attnlab.attention.base import (
     IntermediateHook,
     VariantOptions,
     causal_bias,
+    masked,
     register,
+    unchanged,
 )
 from attnlab.errors import require
 
@@ -82,11 +84,11 @@ class SelectiveAttention(AttentionVariant):
         hook: IntermediateHook | None = None,
     ) -> tuple[Tensor, Tensor]:
         with torch.autocast(q.device.type, enabled=False):
-            return self._attention(q, k, v, mask, is_causal, 0.0, hook or (lambda _name, x: x))
+            return self._attention(q, k, v, mask, is_causal, 0.0, hook or unchanged)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout: float) -> Tensor:
         with torch.autocast(q.device.type, enabled=False):
-            return self._attention(q, k, v, mask, is_causal, dropout, lambda _name, x: x)[0]
+            return self._attention(q, k, v, mask, is_causal, dropout, unchanged)[0]
 
     def _attention(
         self,
@@ -98,14 +100,8 @@ class SelectiveAttention(AttentionVariant):
         dropout: float,
         hook: IntermediateHook,
     ) -> tuple[Tensor, Tensor]:
-        groups = q.shape[1] // k.shape[1]
-        keys = k[..., : self.shape.head_dim].repeat_interleave(groups, dim=1)
-        t_q, t_k = q.shape[2], k.shape[2]
-        scores = hook("scores", (q.float() @ keys.float().transpose(-2, -1)) * self.scale)
-        if mask is not None:
-            scores = scores + mask.float()
-        elif is_causal:
-            scores = scores + causal_bias(t_q, t_k, q.device)
-        probs = hook("probabilities", torch.softmax(scores - self.selection(k, t_q), dim=-1))
-        context = hook("context", F.dropout(probs, p=dropout) @ v.repeat_interleave(groups, dim=1).float())
+        scores = masked(self.scaled_scores(q, k[..., : self.shape.head_dim], hook), mask, is_causal)
+        probs = hook("probabilities", torch.softmax(scores - self.selection(k, q.shape[2]), dim=-1))
+        values = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1).float()
+        context = hook("context", F.dropout(probs, p=dropout) @ values)
         return context.to(q.dtype), probs

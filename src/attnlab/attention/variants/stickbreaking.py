@@ -17,7 +17,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab.attention.base import AttentionShape, AttentionVariant, IntermediateHook, VariantOptions, register
+from attnlab.attention.base import (
+    AttentionShape,
+    AttentionVariant,
+    IntermediateHook,
+    VariantOptions,
+    register,
+    unchanged,
+)
 from attnlab.errors import require
 
 
@@ -56,18 +63,16 @@ class StickBreaking(AttentionVariant):
         is_causal: bool,
         hook: IntermediateHook | None = None,
     ) -> tuple[Tensor, Tensor]:
-        return self._attention(q, k, v, 0.0, hook or (lambda _name, x: x))
+        return self._attention(q, k, v, 0.0, hook or unchanged)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout: float) -> Tensor:
         """The causal structure is the rule itself (the mask SDPA would get is only ever plain causal)."""
-        return self._attention(q, k, v, dropout, lambda _name, x: x)[0]
+        return self._attention(q, k, v, dropout, unchanged)[0]
 
     def _attention(
         self, q: Tensor, k: Tensor, v: Tensor, dropout: float, hook: IntermediateHook
     ) -> tuple[Tensor, Tensor]:
         with torch.autocast(q.device.type, enabled=False):
-            groups = q.shape[1] // k.shape[1]
-            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-            scores = hook("scores", (q.float() @ k.float().transpose(-2, -1)) * self.scale)
-            probs = hook("probabilities", self.probabilities(scores))
-            return hook("context", F.dropout(probs, p=dropout) @ v.float()).to(q.dtype), probs
+            values = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1).float()
+            probs = hook("probabilities", self.probabilities(self.scaled_scores(q, k, hook)))
+            return hook("context", F.dropout(probs, p=dropout) @ values).to(q.dtype), probs
