@@ -57,6 +57,31 @@ def render_readme(text: str, records: Path = RECORDS) -> str:
     return BLOCK.sub(block, text)
 
 
+def recorded_for_cpu(cpu: str, records: Path = RECORDS) -> tuple[str, dict[str, Any]] | None:
+    """``make train``'s perplexities as measured on this processor (``train_by_cpu.json``, keyed by a prefix of
+    ``attnlab.numerics.cpu_identity``: the longest one wins), or None for a processor with none: a seed fixes the
+    numbers per processor model, not across vendors (attnlab/numerics.py)."""
+    by_cpu = json.loads((records / "train_by_cpu.json").read_text())
+    keys = [key for key in by_cpu if cpu.startswith(key)]
+    if not keys:
+        return None
+    key = max(keys, key=len)
+    return key, by_cpu[key]
+
+
+def record_for_cpu(results: dict[str, Any], records: Path = RECORDS) -> None:
+    """Add (or replace) this run's processor model in ``train_by_cpu.json``."""
+    path = records / "train_by_cpu.json"
+    by_cpu = json.loads(path.read_text()) if path.is_file() else {}
+    by_cpu[results["cpu"]] = {
+        "val_ppl": results["val_ppl"],
+        "unigram_ppl": results["unigram_ppl"],
+        "measured": f"make readme-sample: torch {results['torch']}, {results['cpu_threads']} threads, "
+        f"{results['cpu_kernels']} kernels, MKL branch {results['mkl_branch']}",
+    }
+    path.write_text(json.dumps(by_cpu, indent=2) + "\n")
+
+
 def anonymous(value: Any) -> Any:
     """``value`` with this checkout's path shown as /path/to/attnlab (results name their files absolutely)."""
     return json.loads(json.dumps(value).replace(str(ROOT), SHOWN_ROOT))
@@ -91,6 +116,7 @@ def main() -> None:
         RECORDS.mkdir(parents=True, exist_ok=True)
         results = json.loads((run_dir / "results.json").read_text())
         (RECORDS / "train.json").write_text(json.dumps(anonymous(results), indent=2) + "\n")
+        record_for_cpu(results)
         if args.analysis:
             out = run_dir / "eval" / "readme-analysis"
             ckpt = run_dir / "checkpoints" / "last.ckpt"

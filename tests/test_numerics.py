@@ -45,6 +45,16 @@ def test_nothing_is_pinned_where_avx2_is_missing(monkeypatch: pytest.MonkeyPatch
     assert numerics.cpu_has_avx2(cpuinfo)
 
 
+def test_the_processor_model_is_read_from_the_first_cpu(tmp_path: Path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    first = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\n"
+    cpuinfo.write_text(first + "\nprocessor\t: 1\nvendor_id\t: GenuineIntel\n")
+    assert numerics.cpu_identity(cpuinfo) == "AuthenticAMD family 25 model 17"
+    cpuinfo.write_text("processor\t: 0\nBogoMIPS\t: 50.00\n")  # an Arm CPU names no vendor_id
+    assert numerics.cpu_identity(cpuinfo) == "unknown"
+    assert numerics.cpu_identity(tmp_path / "absent") == "unknown"
+
+
 def test_a_bad_choice_is_one_line() -> None:
     with pytest.raises(SystemExit) as stopped:
         numerics.pin_cpu_kernels({numerics.SETTING: "fast"})

@@ -1,15 +1,18 @@
-"""CPU kernels that give a seed the same numbers on every x86-64 machine with AVX2.
+"""CPU kernels that take the instruction set out of a seed's numbers on x86-64 machines with AVX2.
 
 ATen's vectorised CPU kernels (softmax, norms, activations, reductions, the optimizer's foreach ops) dispatch on
 the widest instruction set the CPU has, and the AVX-512 and AVX2 kernels round differently. Over a few hundred
-steps the difference grows into the result: ``make train`` gives validation perplexity 534.2 with AVX-512
-kernels and 533.1 with AVX2 ones, same seed, same machine (2-core AMD EPYC, 2026-11-24). MKL's matrix products
-dispatch the same way (on Intel CPUs with AVX-512 they take AVX-512 kernels; on this AMD CPU they already took the
-AVX2 path: MKL_ENABLE_INSTRUCTIONS=AVX2 changed nothing), so its conditional-reproducibility branch is pinned to
-AVX2 as well (MKL_CBWR=AVX2 gave 533.1 here too). With both pinned, a seed's numbers depend on the torch version,
-the thread count and the seed, not on which x86-64 CPU ran them. ``ATTNLAB_CPU_KERNELS=native`` keeps the
-libraries' own choice (fastest; the numbers then also depend on the CPU). Both libraries read their setting once,
+steps the difference grows into the result: ``make train`` gives validation perplexity 534.2 with AVX-512 kernels
+and 533.1 with AVX2 ones, same seed, same machine (2-core AMD EPYC, 2026-11-24). MKL's matrix products dispatch the
+same way, so its conditional-reproducibility branch is pinned to AVX2 as well (MKL_CBWR=AVX2 gave 533.1 there too).
+``ATTNLAB_CPU_KERNELS=native`` keeps the libraries' own choice (fastest). Both libraries read their setting once,
 at their first kernel: this runs when ``attnlab`` is imported, which the entry points do before importing torch.
+
+Pinning removes the instruction set from the numbers, not the processor model: with the same AVX2 kernels, the same
+MKL branch, threads, torch and seed, ``make train`` gives 533.1 on the 2-core AMD EPYC machines and 534.6 on a
+2-core Intel Xeon of family 6, model 207 (AVX-512 and AMX; 2026-11-26), each the same on every run and under any
+load. So a seed fixes the numbers for a given torch version, thread count and processor model (``cpu_identity``,
+recorded in ``results.json`` as ``cpu``), not across vendors.
 """
 
 from __future__ import annotations
@@ -28,6 +31,19 @@ def cpu_has_avx2(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
         return any(line.startswith("flags") and " avx2" in line for line in cpuinfo.read_text().splitlines())
     except OSError:
         return False
+
+
+def cpu_identity(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """``"<vendor> family <f> model <m>"`` of the first CPU (Linux; ``"unknown"`` elsewhere): what a seed's numbers
+    still depend on with the kernels pinned. Virtual machines often hide the model name, not these three."""
+    try:
+        first = cpuinfo.read_text().split("\n\n")[0]
+    except OSError:
+        return "unknown"
+    fields = {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in first.splitlines())}
+    if "vendor_id" not in fields:
+        return "unknown"
+    return f"{fields['vendor_id']} family {fields.get('cpu family', '?')} model {fields.get('model', '?')}"
 
 
 PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}  # ATen's kernels, MKL's reproducible branch
@@ -55,4 +71,5 @@ def kernel_record() -> dict[str, object]:
         "cpu_kernels": torch.backends.cpu.get_cpu_capability(),
         "mkl_branch": os.environ.get("MKL_CBWR", "auto"),
         "cpu_threads": torch.get_num_threads(),
+        "cpu": cpu_identity(),
     }
