@@ -3,14 +3,18 @@ phenomenon thresholds drawn in, from the runs' ``csv/metrics.csv`` (``conf/exper
 
     python experiments/emergence.py outputs/emergence/search --out experiments/results/emergence
     python experiments/emergence.py --render --out experiments/results/emergence   # the figure again, from curves.csv
+    python experiments/emergence.py outputs/runs/tiny-vanilla-s* --out experiments/results/emergence/gpu  # cells
 
-Writes ``curves.csv`` (one row per run, step and metric) and ``emergence.png``; a run still training shows the
-steps it has logged. ``--render`` draws ``emergence.png`` again from the committed ``curves.csv`` alone.
+Writes ``curves.csv`` (one row per run, step and metric), ``setup.json`` (what the figure's title names: the model,
+tokens a step, the corpus) and ``emergence.png``; a run still training shows the steps it has logged. Runs that
+differ only in their seed are one setting, drawn as the mean with its min-max band. ``--render`` draws
+``emergence.png`` again from the committed ``curves.csv`` and ``setup.json`` alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -40,13 +44,22 @@ PANELS = {
 
 
 def overrides(run_dir: Path) -> list[str]:
+    """What the run was started with, less what does not make a setting (resuming, Hydra's own, the seed)."""
     found = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text())
-    return [o for o in found if not o.startswith(("ckpt_path=", "hydra."))]
+    return [o for o in found if not o.startswith(("ckpt_path=", "hydra.", "seed="))]
 
 
-def collect(sweep_dir: Path) -> pd.DataFrame:
+def run_dirs(paths: list[Path]) -> list[Path]:
+    """The runs under a sweep directory, or the run directories themselves (a table's cells)."""
+    runs = []
+    for path in paths:
+        found = [metrics.parent.parent for metrics in sorted(path.glob("*/csv/metrics.csv"))]
+        runs += found or ([path] if (path / "csv" / "metrics.csv").is_file() else [])
+    return runs
+
+
+def collect(runs: list[Path]) -> pd.DataFrame:
     """Every logged point of every run; a run's ``setting`` is what its overrides set that others' do not."""
-    runs = [path.parent.parent for path in sorted(sweep_dir.glob("*/csv/metrics.csv"))]
     given = {run: overrides(run) for run in runs}
     shared = set.intersection(*(set(o) for o in given.values())) if given else set()
     rows = []
@@ -59,66 +72,87 @@ def collect(sweep_dir: Path) -> pd.DataFrame:
                 rows.append({"run": run.name, "setting": label, "step": int(step) + 1, "metric": metric})
                 rows[-1]["value"] = float(value)
     if not rows:
-        raise SystemExit(f"error: no csv/metrics.csv with the emergence metrics under {sweep_dir}")
+        raise SystemExit(f"error: no csv/metrics.csv with the emergence metrics under {' '.join(map(str, runs))}")
     return pd.DataFrame(rows)
 
 
-def model_size(sweep_dir: Path | None) -> str:
-    """The searched model's real size, from a run's config (or, with no sweep at hand, ``experiment=emergence``
-    composed as ``train.py`` would)."""
-    configs = sorted(sweep_dir.glob("*/.hydra/config.yaml")) if sweep_dir is not None else []
+def setup(runs: list[Path]) -> dict[str, str | int]:
+    """What the figure's title names, from a run's config (or, with no run at hand, ``experiment=emergence``
+    composed as ``train.py`` would): the model's real size, the tokens of one optimizer step and the corpus."""
+    from omegaconf import OmegaConf
+
+    import attnlab.resolvers  # noqa: F401  (the resolvers runs' configs use, the presets train.yaml composes)
+
+    configs = [run / ".hydra" / "config.yaml" for run in runs if (run / ".hydra" / "config.yaml").is_file()]
     if configs:
-        cfg = yaml.safe_load(configs[0].read_text())
+        loaded = OmegaConf.load(configs[0])
     else:
         from hydra import compose, initialize_config_dir
-        from omegaconf import OmegaConf
-
-        import attnlab.resolvers  # noqa: F401  (the attention presets and model defaults train.yaml composes)
 
         with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-            cfg = OmegaConf.to_container(compose(config_name="train", overrides=["experiment=emergence"]))
-    model = cfg["model"]
-    parameters = config_parameters(model, cfg["attention"], cfg["data"].get("tokenizer_vocab_size"))
-    return (
+            loaded = compose(config_name="train", overrides=["experiment=emergence"])
+    # only these parts: others interpolate Hydra's run-time values
+    parts = ("model", "attention", "data", "optim")
+    cfg = {key: OmegaConf.to_container(loaded[key], resolve=True) for key in parts if key in loaded}
+    cfg["trainer"] = {"accumulate_grad_batches": (loaded.get("trainer") or {}).get("accumulate_grad_batches")}
+    model, data = cfg["model"], cfg["data"]
+    parameters = config_parameters(model, cfg["attention"], data.get("tokenizer_vocab_size"))
+    size = (
         f"our {model['name']}: {model['n_layer']} layers x {model['n_embd']} wide, {model['n_head']} heads, "
         f"{parameters_label(parameters)}"
     )
+    accumulate = (cfg.get("trainer") or {}).get("accumulate_grad_batches") or 1
+    tokens = data.get("batch_size", 0) * data.get("block_size", 0) * accumulate
+    optim = cfg.get("optim") or {}
+    schedule = f"{optim.get('schedule', '?')} after {optim.get('warmup_steps', '?')} warmup steps"
+    return {"model": size, "tokens_per_step": tokens, "corpus": data.get("name", "?")} | {
+        "lr": optim.get("lr"),
+        "schedule": schedule,
+    }
 
 
-def plot(curves: pd.DataFrame, title: str, path: Path) -> None:
-    """One panel per metric, each setting a line (one seed each), the checks' thresholds and the paper's value as
-    reference lines on the same axis."""
+def plot(curves: pd.DataFrame, title: str, path: Path, tokens_per_step: int) -> None:
+    """One panel per metric, each setting a line (the mean over its seeds, with their min-max band), the checks'
+    thresholds and the paper's value as reference lines on the same axis."""
     panels = []
     for metric, (panel, ylabel, threshold, log) in PANELS.items():
         thresholds = ((threshold, f"phenomenon check's threshold ({threshold:g})"),) if threshold is not None else ()
         paper = (PAPER[metric],) if metric in PAPER else ()
         panels.append(Panel(metric, panel, ylabel, log=log, thresholds=thresholds, paper=paper))
     frame = curves.rename(columns={"metric": "panel", "setting": "series", "run": "seed"})
-    xlabel = "optimizer steps done (2,048 tokens a step)"
+    xlabel = f"optimizer steps done ({tokens_per_step:,} tokens a step)"
     save(curves_figure(frame, panels, title, xlabel=xlabel, band="min-max"), path)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("sweep_dir", type=Path, nargs="?", help="the search's sweep directory (not with --render)")
-    parser.add_argument("--out", type=Path, required=True, help="directory for curves.csv and emergence.png")
-    parser.add_argument("--render", action="store_true", help="draw emergence.png again from --out's curves.csv")
+    parser.add_argument("runs", type=Path, nargs="*", help="a sweep directory, or run directories (not with --render)")
+    parser.add_argument("--out", type=Path, required=True, help="directory for curves.csv, setup.json, emergence.png")
+    parser.add_argument("--render", action="store_true", help="draw emergence.png again from --out's files")
     args = parser.parse_args()
-    if args.render == (args.sweep_dir is not None):
-        parser.error("give a sweep directory, or --render to draw the committed curves.csv again")
+    if args.render == bool(args.runs):
+        parser.error("give a sweep directory or run directories, or --render to draw the committed curves again")
     if args.render:
         curves = pd.read_csv(args.out / "curves.csv")
+        facts = json.loads((args.out / "setup.json").read_text()) if (args.out / "setup.json").is_file() else setup([])
     else:
-        curves = collect(args.sweep_dir)
+        runs = run_dirs(args.runs)
+        curves, facts = collect(runs), setup(runs)
         args.out.mkdir(parents=True, exist_ok=True)
         curves.to_csv(args.out / "curves.csv", index=False)
+        (args.out / "setup.json").write_text(json.dumps(facts, indent=2) + "\n")
+    seeds = curves.groupby("setting")["run"].nunique()
+    per_setting = f"{seeds.min()}-{seeds.max()} seeds" if seeds.min() < seeds.max() else f"{seeds.min()} seed(s)"
+    swept = curves["setting"].str.contains("optim.lr=").any() or facts.get("lr") is None
+    lr = "lr per setting" if swept else f"lr {facts['lr']:g}"
     title = (
-        "Where the papers' phenomena emerge: vanilla trained from scratch on the embedded corpus\n"
-        f"{model_size(args.sweep_dir)}; one seed per setting; metrics on held-out text at each validation"
+        f"Where the papers' phenomena emerge: trained from scratch on data={facts['corpus']}, "
+        f"{lr}, {facts.get('schedule', 'schedule as configured')}\n"
+        f"{facts['model']}; {per_setting} per setting; metrics on held-out text at each validation"
     )
-    plot(curves, title, args.out / "emergence.png")
-    last = curves.sort_values("step").groupby(["setting", "metric"]).last()["value"].unstack()
-    print(last.to_markdown(floatfmt=".4g"))
+    plot(curves, title, args.out / "emergence.png", int(facts["tokens_per_step"]))
+    last = curves.sort_values("step").groupby(["setting", "run", "metric"]).last()["value"].unstack()
+    print(last.groupby("setting").mean().to_markdown(floatfmt=".4g"))
 
 
 if __name__ == "__main__":

@@ -101,15 +101,18 @@ def markdown_html(text: str) -> str:
 
 def discover(results: Path) -> list[Page]:
     """Every results directory: ``<table>/<scale>/<table>.md`` (the engine's), ``<table>/<table>.md`` and its protocol
-    subdirectories (the synthetic tables), or a directory of other results (``emergence``, ``bench``)."""
+    subdirectories (the synthetic tables), or a directory of other results (``emergence``, ``bench``) and its
+    subdirectories (``emergence/gpu``)."""
     pages = []
     for table_dir in sorted(results.iterdir(), key=lambda d: (ORDER.index(d.name) if d.name in ORDER else 99, d.name)):
         if not table_dir.is_dir():
             continue
         name = table_dir.name
         found = [d for d in (table_dir, *sorted(table_dir.iterdir())) if (d / f"{name}.md").is_file()]
-        if not found and any(any(table_dir.glob(pattern)) for pattern in COPIED):
-            pages.append(Page(name, table_dir.name, table_dir))
+        if not found:  # other results (emergence, bench), and a scale of them in a subdirectory (emergence/gpu)
+            for directory in (table_dir, *sorted(d for d in table_dir.iterdir() if d.is_dir())):
+                if any(any(directory.glob(pattern)) for pattern in COPIED):
+                    pages.append(Page(name, name if directory == table_dir else directory.name, directory))
         for directory in found:
             variant = "default" if directory == table_dir else directory.name
             pages.append(Page(name, variant, directory))

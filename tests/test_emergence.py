@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,11 @@ def fake_run(sweep: Path, name: str, lr: str, kurtosis: list[float]) -> None:
     common = ["experiment=emergence", "ckpt_path=${resume_ckpt:}"]
     (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([*common, f"optim.lr={lr}"]))
     model = {"name": "tiny", "n_layer": 2, "n_embd": 32, "n_head": 2, "block_size": 32}
-    config = {"model": model, "attention": {"name": "vanilla"}, "data": {"tokenizer_vocab_size": 512}}
+    config = {
+        "model": model,
+        "attention": {"name": "vanilla"},
+        "data": {"tokenizer_vocab_size": 512, "batch_size": 4, "block_size": 32},
+    }
     (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
     rows = []
     for i, k in enumerate(kurtosis):
@@ -48,3 +53,27 @@ def test_curves_and_figure_of_a_search(tmp_path: Path) -> None:
     assert kurtosis.groupby("setting")["step"].max().to_dict() == {"optim.lr=0.002": 750, "optim.lr=0.006": 500}
     assert (out / "emergence.png").stat().st_size > 10_000
     assert "| optim.lr=0.006 |" in done.stdout and "121" in done.stdout  # each setting's last point
+
+
+def test_seeds_of_one_setting_are_one_curve_and_the_title_facts_are_kept(tmp_path: Path) -> None:
+    """A table's cells (run directories given one by one) differ in attention and seed: the seeds of one attention
+    are one setting, and --render draws the figure again from curves.csv and setup.json alone."""
+    cells = tmp_path / "runs"
+    for name, seed in (("tiny-vanilla-s1-a", 1), ("tiny-vanilla-s2-b", 2)):
+        fake_run(cells, name, "0.006", [50.0 * seed, 60.0 * seed])
+        overrides = yaml.safe_load((cells / name / ".hydra" / "overrides.yaml").read_text())
+        (cells / name / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([*overrides, f"seed={seed}"]))
+    out = tmp_path / "out"
+    command = [sys.executable, "experiments/emergence.py", *map(str, sorted(cells.iterdir())), "--out", str(out)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    curves = pd.read_csv(out / "curves.csv")
+    assert set(curves["setting"]) == {"defaults"} and curves["run"].nunique() == 2
+    assert "| defaults  |" in done.stdout and " 90 |" in done.stdout  # the mean of the seeds' last max kurtosis
+    setup = json.loads((out / "setup.json").read_text())
+    assert setup["tokens_per_step"] == 4 * 32
+    assert setup["model"].startswith("our tiny: 2 layers x 32 wide") and setup["corpus"] == "?"
+    (out / "emergence.png").unlink()
+    done = subprocess.run([*command[:2], "--render", "--out", str(out)], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert (out / "emergence.png").stat().st_size > 10_000

@@ -164,6 +164,16 @@ def test_paper_scale_composes_and_fails_fast_offline(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr and not (tmp_path / "runs").exists()
 
 
+def test_gpu_scale_composes_and_asks_only_for_a_gpu(tmp_path: Path) -> None:
+    """The gpu scale needs no hub (its corpus is the embedded one, pre-tokenized): without a GPU, one line says so."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
+    command = [sys.executable, "experiments/reproduce_table.py", "table=outliers", "scale=gpu"]
+    done = subprocess.run([*command, f"runs_dir={tmp_path}/runs"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode != 0 and "Traceback" not in done.stderr and not (tmp_path / "runs").exists()
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == "error: scale: gpu needs GPUs (torch sees none); run it on a GPU, or use SCALE=cpu"
+
+
 def test_unknown_scale_is_one_line_error() -> None:
     with pytest.raises(ConfigError, match="scale: one of smoke, cpu, paper"):
         Engine(load_table("table3"), "huge", root=ROOT, runs_dir=Path("unused"))

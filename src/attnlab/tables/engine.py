@@ -251,7 +251,7 @@ class Engine:
             import torch
 
             if not torch.cuda.is_available():
-                missing.append("GPUs (torch sees none; the paper's runs are bf16 on 8 GPUs)")
+                missing.append("GPUs (torch sees none)")
         if needs.get("hub") and not hub_reachable():
             missing.append(
                 "the Hugging Face hub (offline: HF_HUB_OFFLINE is set or huggingface.co is unreachable) for "
@@ -260,8 +260,9 @@ class Engine:
         if missing:
             raise ConfigError(
                 "scale",
-                f"{self.scale} needs {' and '.join(missing)}; run it on a GPU machine with internet access "
-                "(or a pre-populated HF cache), or use SCALE=cpu",
+                f"{self.scale} needs {' and '.join(missing)}; run it on "
+                + ("a GPU machine with internet access (or a pre-populated HF cache)" if needs.get("hub") else "a GPU")
+                + ", or use SCALE=cpu",
             )
 
     def launch_groups(self, pending: list[Cell]) -> list[list[Cell]]:
