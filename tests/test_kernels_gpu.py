@@ -58,7 +58,7 @@ def test_compiled_flex_trains_as_the_exact_path(name: str, options: dict, alibi:
     inputs = (q, k, val, *v.parameters())
     flex = values_and_grads(v.flex_attend(q, k, val, ctx.flex_mask(t)), inputs)
     exact = values_and_grads(v.attend(q, k, val, *ctx.mask(t, t, dtype), 0.0), inputs)
-    tol = 2e-4 if dtype == torch.float32 else 3e-2
+    tol = 2e-4 if dtype == torch.float32 else 5e-2
     for index, (a, b) in enumerate(zip(flex, exact, strict=True)):
         assert torch.isfinite(a).all()
         torch.testing.assert_close(a.float(), b.float(), atol=tol, rtol=tol, msg=lambda m, i=index: f"{i}: {m}")

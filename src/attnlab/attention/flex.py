@@ -63,7 +63,9 @@ class FlexMask:
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Causal flex attention, ``score_mod`` applied after the position bias (to the scores SDPA's path would
         see); with ``lse``, also each row's log-sum-exp (B, H, T) in fp32, differentiable like the output."""
-        call = _compiled_flex_attention() if q.device.type == "cuda" else flex_attention
+        # compiled on a GPU; inside a graph being compiled (train.py compile=true) the outer compile does it
+        compiled = q.device.type == "cuda" and not torch.compiler.is_compiling()
+        call = _compiled_flex_attention() if compiled else flex_attention
         try:
             out = call(
                 q,
