@@ -44,7 +44,7 @@ GPT2 = {"n_layer": 12, "n_head": 12, "n_embd": 768, "vocab_size": 50257, "block_
         ({"name": "ssa", "terms": ["position", "yarn"]}, "attention.terms", "pick one"),
         ({"name": "ssa", "hidden_ratio": 0.0}, "attention.hidden_ratio", "positive"),
         ({"name": "ssa", "zeta": 1.0}, "attention.zeta", "allowed: alpha_init"),
-        ({"name": "gated", "position": "sdpa"}, "attention.position", "allowed: finetune_weight_std"),
+        ({"name": "gated", "position": "sdpa"}, "attention.position", "allowed: backend, finetune_weight_std"),
         ({"name": "softermax"}, "attention.name", "allowed: clipped_softmax"),
         ({"name": "sink", "sink_logit": "zero"}, "attention.sink_logit", "learned, fixed"),
         ({"name": "sink", "sink_init": float("nan")}, "attention.sink_init", "nan"),

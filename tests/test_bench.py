@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -240,3 +242,29 @@ def test_variants_that_refuse_the_position_encoding_are_timed_against_vanilla_wi
     rows = [line.split("|")[1].strip() for line in out.read_text().splitlines() if line.startswith("| ")][1:]
     assert rows == ["vanilla", "gated_sdpa", "vanilla (pos_encoding=none)", "stickbreaking (pos_encoding=none)"]
     assert "as they refuse this shape's position encoding: stickbreaking." in out.read_text()
+
+
+def test_kernels_section_times_every_backend_a_variant_takes_beside_vanilla_sdpa(tmp_path: Path) -> None:
+    """On the CPU: cores forward-only for every backend, the training step only where it can train (not flex)."""
+    out = tmp_path / "kernels.md"
+    args = ["--out", str(out), "--sections", "kernels", "--kernel-lengths", "16", "--rounds", "1"]
+    bench_main([*args, "--kernel-variants", "vanilla", "clipped_softmax", "diff", "--batch", "1", "--vocab", "97"])
+    cores, steps = out.read_text().split("### Training step")
+
+    def rows(text: str) -> set[tuple[str, ...]]:
+        return {tuple(cell.strip() for cell in line.split("|")[1:4]) for line in text.splitlines() if "|" in line}
+
+    assert {("16", "vanilla", "sdpa"), ("16", "vanilla", "flex"), ("16", "clipped_softmax", "flex")} <= rows(cores)
+    assert ("16", "diff", "flex") not in rows(cores) and ("16", "diff", "sdpa") in rows(cores)  # diff refuses flex
+    assert "| vanilla " in steps and "| flex " not in steps
+
+
+def test_the_step_and_kernels_sections_need_only_torch() -> None:
+    """A GPU machine with torch alone runs them: no Hydra, data stack, pandas or Lightning is imported."""
+    code = (
+        "import sys, attnlab.bench.__main__; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'hydra', 'omegaconf', 'datasets', 'pandas', 'lightning', 'transformers', 'lm_eval', 'tokenizers'}))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"

@@ -1,12 +1,17 @@
-"""The two pieces of torch plumbing that training, benchmarks, analysis and head importance all need."""
+"""The torch plumbing that training, benchmarks, analysis and head importance all need."""
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+LOSS_CHUNK_TOKENS = 4096  # rows of logits a chunked cross-entropy holds at a time
 
 
 def next_token_loss(model: nn.Module, tokens: Tensor, reduction: str = "mean") -> Tensor:
@@ -14,6 +19,29 @@ def next_token_loss(model: nn.Module, tokens: Tensor, reduction: str = "mean") -
     forward does not round the loss."""
     logits = model(tokens[:, :-1])
     return F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten(), reduction=reduction)
+
+
+def fused_next_token_loss(model: nn.Module, tokens: Tensor) -> Tensor:
+    """``next_token_loss`` (mean) without the (B*T, vocab) logits in memory: Liger-Kernel's fused linear +
+    cross-entropy where it is installed and the model is on a GPU, else the head and the loss over chunks of
+    ``LOSS_CHUNK_TOKENS`` rows, each chunk's logits recomputed in backward (``torch.compile`` fuses each chunk's
+    cast and log-softmax). A padded head's extra rows never reach the loss. ``model``: a ``GPT``."""
+    features = model.features(tokens[:, :-1]).flatten(0, 1)
+    targets, vocab, weight = tokens[:, 1:].flatten(), model.config.vocab_size, model.lm_head.weight
+    if features.is_cuda and importlib.util.find_spec("liger_kernel") is not None:
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+        return LigerFusedLinearCrossEntropyLoss()(weight[:vocab], features, targets)
+    total = features.new_zeros((), dtype=torch.float32)
+    for start in range(0, len(targets), LOSS_CHUNK_TOKENS):
+        rows = slice(start, start + LOSS_CHUNK_TOKENS)
+        total = total + checkpoint(_summed_loss, features[rows], weight, targets[rows], vocab, use_reentrant=False)
+    return total / len(targets)
+
+
+def _summed_loss(features: Tensor, weight: Tensor, targets: Tensor, vocab: int) -> Tensor:
+    """Summed cross-entropy of one chunk: the (padded, aligned) head's GEMM, then its first ``vocab`` logits."""
+    return F.cross_entropy((features @ weight.T)[:, :vocab].float(), targets, reduction="sum")
 
 
 @contextmanager

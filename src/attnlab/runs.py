@@ -33,6 +33,7 @@ from torch import Tensor
 from attnlab.config_checks import check_evaluate_config, check_run_config, check_seed, positive_int, typed
 from attnlab.digest import start_identity
 from attnlab.errors import ConfigError, require, require_choice
+from attnlab.models.config import embedding_rows
 
 if TYPE_CHECKING:
     from attnlab.models import GPT
@@ -494,6 +495,8 @@ def check_record_against_weights(path: Path, spec: dict[str, Any], weights: dict
         found |= {"vocab_size": int(embedding.shape[0]), "n_embd": int(embedding.shape[1])}
     for name, actual in found.items():
         claimed = model.get(name)
+        if name == "vocab_size" and isinstance(claimed, int) and isinstance(model.get("padded_vocab_size"), int):
+            claimed = embedding_rows(claimed, model["padded_vocab_size"])  # the padded embedding's rows
         require(
             claimed is None or claimed == actual,
             key,

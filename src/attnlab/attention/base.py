@@ -13,14 +13,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.errors import ConfigError
+from attnlab.attention.flex import FlexMask, causal_block_mask
+from attnlab.errors import ConfigError, require, require_choice
+
+# sdpa: the variant's own path (the fused SDPA kernel, or its exact chunked math where SDPA cannot run it);
+# flex: FlexAttention (compiled on a GPU), for variants whose change is a score modification or mask;
+# reference: the plain-math (T x T) path analysis uses, for checks
+BACKENDS = ("sdpa", "flex", "reference")
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,13 @@ class AttentionContext:
     alibi_slopes: Tensor | None = None  # (H,) ALiBi slopes; adds -slope * distance to the scores
     token_features: Tensor | None = None  # (B, T) per-token features (standardised log frequency)
     token_ids: Tensor | None = None  # (B, T) token ids, for variants keyed by token (temp_lookup)
+    flex_masks: dict[int, FlexMask] = field(default_factory=dict)  # built once per forward, shared by the layers
+
+    def flex_mask(self, length: int) -> FlexMask:
+        """The causal block mask and position bias of ``attention.backend=flex`` for one full sequence."""
+        if length not in self.flex_masks:
+            self.flex_masks[length] = FlexMask(causal_block_mask(length, self.positions.device), self.alibi_slopes)
+        return self.flex_masks[length]
 
     def mask(self, t_q: int, t_k: int, dtype: torch.dtype) -> tuple[Tensor | None, bool]:
         """SDPA's ``(attn_mask, is_causal)``: the fused causal flag where it is exact, else an explicit mask."""
@@ -99,6 +112,7 @@ class VariantOptions:
 
     name: str = "vanilla"
     variant_lr: float | None = None  # lr of the variant's own parameters (temperatures, gates); None: the model's
+    backend: str = "sdpa"  # sdpa | flex | reference: where the attention runs (see BACKENDS; flex trains on a GPU)
 
     # Options whose Hydra default is another config key (resolved when composing); Python callers get the field's.
     config_interpolations: ClassVar[dict[str, str]] = {}
@@ -114,10 +128,23 @@ class AttentionVariant(nn.Module):
 
     def __init__(self, shape: AttentionShape, options: VariantOptions) -> None:
         super().__init__()
+        require_choice(options.backend, BACKENDS, "attention.backend")
+        require(
+            options.backend in self.backends(),
+            "attention.backend",
+            f"attention={options.name} has no {options.backend} path; allowed: {', '.join(self.backends())}",
+        )
         self.shape = shape
         self.options = options
         self.scale = 1.0 / math.sqrt(shape.head_dim)
         self.recorded: dict[str, list[Tensor]] | None = None  # analysis sets {} to collect what ``record`` gets
+
+    @classmethod
+    def backends(cls) -> tuple[str, ...]:
+        """The backends this variant runs on: flex where its ``attend`` is the base one (its change lives in the other
+        hooks) or where it says how in ``flex_attend``."""
+        flex = cls.attend is AttentionVariant.attend or cls.flex_attend is not AttentionVariant.flex_attend
+        return BACKENDS if flex else tuple(b for b in BACKENDS if b != "flex")
 
     def probes(self) -> list[str]:
         """Names of the values this variant ``record``s for analysis ("gate", "temperature_q", ...)."""
@@ -148,6 +175,10 @@ class AttentionVariant(nn.Module):
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout, enable_gqa=q.shape[1] != k.shape[1]
         )
+
+    def flex_attend(self, q: Tensor, k: Tensor, v: Tensor, flex: FlexMask) -> Tensor:
+        """The attention on FlexAttention (``attention.backend=flex``), causal over one full sequence."""
+        return flex.attend(q, k, v, self.scale)
 
     def transform_heads(self, x: Tensor, o: Tensor, ctx: AttentionContext) -> Tensor:
         """Gate the per-head outputs o (B,H,T,dh) before the output projection."""
@@ -277,6 +308,12 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(h * dh, shape.n_embd, bias=bias)
         self.dropout = dropout
         self.variant = build_variant(attention, shape)
+        backend = self.variant.options.backend
+        require(
+            backend == "sdpa" or dropout == 0,
+            "attention.backend",
+            f"{backend} has no attention dropout (model.dropout={dropout}); use sdpa, or model.dropout=0",
+        )
         # Michel et al.: xi_h multiplies head h's output; all ones is the unmasked model.
         self.register_buffer("head_mask", torch.ones(h))
         self.masks_heads = False  # whether any xi differs from 1: an all-ones mask is not multiplied in
@@ -305,13 +342,17 @@ class CausalSelfAttention(nn.Module):
             q, k, v = self.variant.transform_qkv(x, q, k, v, ctx)
         if cache is not None:
             k, v = cache.update(k, v)
-        mask, is_causal = ctx.mask(t, k.shape[2], q.dtype)
-        if self.record_probabilities or self.intermediate_hook is not None:
-            o, probabilities = self.variant.reference_attention(q, k, v, mask, is_causal, self.intermediate_hook)
-            if self.record_probabilities:
-                self.probabilities = probabilities
+        backend = self.variant.options.backend
+        if backend == "flex" and k.shape[2] == t and not self.record_probabilities and self.intermediate_hook is None:
+            o = self.variant.flex_attend(q, k, v, ctx.flex_mask(t))  # (a decoding step: the variant's own path)
         else:
-            o = self.variant.attend(q, k, v, mask, is_causal, self.dropout if self.training else 0.0)
+            mask, is_causal = ctx.mask(t, k.shape[2], q.dtype)
+            if self.record_probabilities or self.intermediate_hook is not None or backend == "reference":
+                o, probabilities = self.variant.reference_attention(q, k, v, mask, is_causal, self.intermediate_hook)
+                if self.record_probabilities:
+                    self.probabilities = probabilities
+            else:
+                o = self.variant.attend(q, k, v, mask, is_causal, self.dropout if self.training else 0.0)
         o = self.variant.transform_heads(x, o, ctx)
         if self.masks_heads or self.head_mask.requires_grad:  # (differentiating against xi needs it in the graph)
             o = o * self.head_mask.view(1, h, 1, 1).to(o.dtype)

@@ -1,10 +1,12 @@
 """``python -m attnlab.bench`` (``make bench``): attnlab's training step against its peers, the attention
 variants against vanilla, clipped softmax against SDPA over T, train.py against a bare loop, and evaluation (the
-lm-eval adapter and KV-cache decoding) against lm-eval's HFLM and HF ``generate``; and where a step's time goes
-(``profile``).
+lm-eval adapter and KV-cache decoding) against lm-eval's HFLM and HF ``generate``; where a step's time goes
+(``profile``); and each variant's attention core and step on each backend (``kernels``).
 
 Everything in one process is measured side by side (``attnlab.bench.timing``): ratios, not absolute times, are
-what carries over between machines. The report is a Markdown file that is never overwritten.
+what carries over between machines. The report is a Markdown file that is never overwritten. The ``step`` and
+``kernels`` sections import torch (and numpy) only, so they run on a GPU machine without the training stack; the
+other sections import what they need when they run.
 """
 
 from __future__ import annotations
@@ -15,32 +17,35 @@ import platform
 import sys
 from pathlib import Path
 
-import pandas as pd
 import torch
-from lightning.fabric.utilities.throughput import get_available_flops
 
 from attnlab.attention import available_attention
 from attnlab.bench.clipped import benchmark_clipped
+from attnlab.bench.kernels import KERNEL_VARIANTS, benchmark_kernels
 from attnlab.bench.peers import PEERS, SHAPES, Shape, build_peer, litgpt_available, training_step
 from attnlab.bench.profile import CATEGORIES, IDLE, OTHER, category, profile_step
-from attnlab.bench.stack import default_training, stack_overhead
 from attnlab.bench.timing import Contender, Progress, Timing, count_flops, gemm_probe, peak_memory, time_round_robin
 from attnlab.errors import ConfigError
-from attnlab.runs import SYNTHETIC_ONLY_ATTENTION
 
-SECTIONS = ("step", "variants", "clipped", "stack", "eval", "profile")
+SECTIONS = ("step", "variants", "clipped", "stack", "eval", "profile", "kernels")
 GEMM_SIZE = {"cpu": 2048, "cuda": 8192}
 
 
 def contender(
-    name: str, model: torch.nn.Module, shape: Shape, device: torch.device, fused: bool, compile: str | None = None
+    name: str,
+    model: torch.nn.Module,
+    shape: Shape,
+    device: torch.device,
+    fused: bool,
+    compile: str | None = None,
+    fused_loss: bool = False,
 ) -> Contender:
     """A training step of ``model`` on fixed random tokens, its FLOPs counted on the eager model (compiled code
     bypasses the counter) and (CUDA) its memory peak taken."""
     tokens = fixed_tokens(shape, device)
     bf16 = device.type == "cuda"
-    flops = count_flops(training_step(model, tokens, bf16, fused))
-    step = training_step(model, tokens, bf16, fused, compile)
+    flops = count_flops(training_step(model, tokens, bf16, fused, fused_loss=fused_loss))
+    step = training_step(model, tokens, bf16, fused, compile, fused_loss)
     step()  # allocator, kernel choice, compilation
     return Contender(name, step, flops=flops, peak_bytes=peak_memory(step, device))
 
@@ -80,10 +85,15 @@ def step_section(args: argparse.Namespace, device: torch.device, progress: Progr
             model = build_peer("attnlab", shape).to(device)
             label = f"attnlab compiled ({'model' if what == 'model' else 'model + loss'})"
             contenders.append(contender(label, model, shape, device, args.fused_adamw, compile=what))
+        for fused_loss in (False, True) if args.padded_vocab else ():
+            label = "attnlab compiled (model + loss), padded vocab" + (", fused loss" if fused_loss else "")
+            progress(f"{shape.name}: compiling {label}")
+            model = build_peer("attnlab", shape, padded_vocab_size=shape.vocab_size).to(device)
+            contenders.append(contender(label, model, shape, device, args.fused_adamw, "loss", fused_loss))
         gemm = gemm_probe(device, dtype(device), GEMM_SIZE[device.type])
         timings = time_round_robin([*contenders, gemm], args.rounds, warmup=1, progress=progress)
         base, gemm_timing = timings["attnlab"], timings[gemm.name]
-        peak = get_available_flops(device, dtype(device))
+        peak = peak_flops(device)
         rows = [timing_row(timings[c.name], base, shape, gemm_timing, peak) for c in contenders]
         missing = [p for p in args.peers if p not in peers]
         parts.append(
@@ -103,6 +113,8 @@ def step_section(args: argparse.Namespace, device: torch.device, progress: Progr
 
 
 def variants_section(args: argparse.Namespace, device: torch.device, progress: Progress) -> str:
+    from attnlab.runs import SYNTHETIC_ONLY_ATTENTION
+
     shape = resized(SHAPES[args.variants_shape], args)
     language = [n for n in available_attention() if n not in SYNTHETIC_ONLY_ATTENTION]  # not the synthetic ones
     names = ["vanilla", *(n for n in args.attention or language if n != "vanilla")]
@@ -122,7 +134,7 @@ def variants_section(args: argparse.Namespace, device: torch.device, progress: P
             )
             baselines[name + suffix] = "vanilla" + suffix
     timings = time_round_robin(contenders, args.rounds, warmup=1, progress=progress)
-    peak = get_available_flops(device, dtype(device))
+    peak = peak_flops(device)
     rows = []
     for c in contenders:
         timing, base = timings[c.name], timings[baselines[c.name]]
@@ -174,6 +186,8 @@ def clipped_section(args: argparse.Namespace, device: torch.device, progress: Pr
 
 
 def stack_section(args: argparse.Namespace, device: torch.device, progress: Progress) -> str:
+    from attnlab.bench.stack import stack_overhead
+
     rows = stack_overhead(args.stack_steps, args.stack_repeats, device, progress)
     table = [
         {
@@ -196,6 +210,7 @@ def stack_section(args: argparse.Namespace, device: torch.device, progress: Prog
 
 def eval_section(args: argparse.Namespace, device: torch.device, progress: Progress) -> str:
     from attnlab.bench.evaluation import CONTEXT_WORDS, CONTINUATION_WORDS, benchmark_evaluation
+    from attnlab.bench.stack import default_training
 
     shape = SHAPES[args.eval_shape]
     progress("evaluation: the embedded corpus's held-out documents and tokenizer (train.yaml's data)")
@@ -299,6 +314,50 @@ def profile_section(args: argparse.Namespace, device: torch.device, progress: Pr
     return "\n\n".join(parts)
 
 
+def kernels_section(args: argparse.Namespace, device: torch.device, progress: Progress) -> str:
+    gpu = device.type == "cuda"
+    lengths = args.kernel_lengths or ([1024, 2048, 4096, 8192] if gpu else [128, 256])
+    batch = args.kernel_batch or (4 if gpu else 1)
+    step_shape = resized(SHAPES[args.variants_shape], args)
+    cores, steps = benchmark_kernels(
+        args.kernel_variants, args.kernel_backends, lengths, batch, step_shape, device, args.rounds, progress
+    )
+    measured = "forward + backward" if gpu else "forward only (FlexAttention has no CPU backward)"
+    return (
+        f"### Attention cores per backend (batch {batch}, 12 heads x 64, causal, {measured})\n\n"
+        f"{markdown([formatted(r) for r in cores])}\n\n"
+        f"### Training step per backend at the `{step_shape.name}` shape (batch {step_shape.batch} x "
+        f"{step_shape.length} tokens{', bf16 autocast, fused AdamW' if gpu else ', fp32'})\n\n"
+        f"{markdown([formatted(r) for r in steps])}\n\n"
+        "x vanilla sdpa = the time over vanilla's on SDPA in the same run. sdpa = the variant's own path (the fused "
+        "kernel, or its exact chunked math: clipped softmax, sigmoid, the sink's log-sum-exp), flex = "
+        "FlexAttention (compiled on a GPU; clipped softmax in two passes), reference = the plain (T x T) math."
+        + ("" if gpu else " The CPU has no flex training step (no FlexAttention backward).")
+    )
+
+
+def formatted(row: dict[str, object]) -> dict[str, str]:
+    """A kernels row for the report: times in ms, ratios, MiB; '-' where not measured."""
+    units = {
+        "ms": "{:,.2f}",
+        "spread": "{:.0%}",
+        "x vanilla sdpa": "{:.2f}",
+        "peak MiB": "{:,.0f}",
+        "TFLOP/s": "{:.3g}",
+    }
+    return {key: "-" if value is None else units.get(key, "{}").format(value) for key, value in row.items()}
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """The device's peak FLOP/s in the models' dtype (for MFU), from Lightning's table where Lightning is installed
+    (a GPU machine running only the step and kernels sections may not have it: MFU is then left out)."""
+    try:
+        from lightning.fabric.utilities.throughput import get_available_flops
+    except ImportError:
+        return None
+    return get_available_flops(device, dtype(device))
+
+
 def resized(shape: Shape, args: argparse.Namespace) -> Shape:
     """The shape with ``--batch`` and ``--vocab`` applied (a vocabulary padded to a multiple of 64, say)."""
     changes = {"batch": args.batch, "vocab_size": args.vocab}
@@ -311,7 +370,15 @@ def dtype(device: torch.device) -> torch.dtype:
 
 
 def markdown(rows: list[dict]) -> str:
-    return pd.DataFrame(rows).to_markdown(index=False, disable_numparse=True)
+    """A GitHub table of string cells, columns padded to their widest cell (no pandas: see the module's doc)."""
+    columns = list(rows[0]) if rows else []
+    widths = {c: max(len(str(c)), *(len(str(r.get(c, ""))) for r in rows)) for c in columns}
+    lines = [
+        "| " + " | ".join(str(c).ljust(widths[c]) for c in columns) + " |",
+        "|" + "|".join(":" + "-" * (widths[c] + 1) for c in columns) + "|",
+    ]
+    lines += ["| " + " | ".join(str(r.get(c, "")).ljust(widths[c]) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
 
 
 def device_name(device: torch.device) -> str:
@@ -344,7 +411,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--eval-batch", type=int, default=8)
+    parser.add_argument("--kernel-variants", nargs="+", default=list(KERNEL_VARIANTS), help="kernels: variants")
+    parser.add_argument("--kernel-backends", nargs="+", choices=("sdpa", "flex", "reference"), default=["sdpa", "flex"])
+    parser.add_argument(
+        "--kernel-lengths", nargs="+", type=int, default=None, help="kernels: T (GPU 1k-8k, CPU 128, 256)"
+    )
+    parser.add_argument("--kernel-batch", type=int, default=None, help="kernels: batch of the cores (GPU 4, CPU 1)")
     parser.add_argument("--compile", action="store_true", help="step, profile: also compiled attnlab models")
+    parser.add_argument(
+        "--padded-vocab",
+        action="store_true",
+        help="step: also compiled attnlab with model.padded_vocab_size, with and without the fused loss",
+    )
     parser.add_argument("--compile-variants", action="store_true", help="variants: also time each one compiled")
     parser.add_argument("--fused-adamw", action="store_true", help="AdamW(fused=True) instead of foreach")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -362,6 +440,7 @@ def main(argv: list[str] | None = None) -> None:
         "stack": stack_section,
         "eval": eval_section,
         "profile": profile_section,
+        "kernels": kernels_section,
     }
     header = (
         f"# attnlab benchmark: {device_name(device)}, torch {torch.__version__}, "

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from attnlab.bench.reference import ReferenceGPT
 from attnlab.models import build_gpt
+from attnlab.nn_utils import fused_next_token_loss
 
 if TYPE_CHECKING:
     from transformers import GPT2Config
@@ -121,17 +122,25 @@ class LogitsOf(nn.Module):
 
 
 def training_step(
-    model: nn.Module, tokens: Tensor, bf16: bool, fused_adamw: bool, compile: str | None = None
+    model: nn.Module,
+    tokens: Tensor,
+    bf16: bool,
+    fused_adamw: bool,
+    compile: str | None = None,
+    fused_loss: bool = False,
 ) -> Callable[[], None]:
     """Forward, next-token cross-entropy (fp32 logits), backward and an AdamW step: the same loss for everyone.
 
     ``compile``: ``"model"`` compiles the model in place, ``"loss"`` the forward and the loss as one graph (the
-    cross-entropy fused with the logits' cast; what ``train.py compile=true`` does)."""
+    cross-entropy fused with the logits' cast; what ``train.py compile=true`` does). ``fused_loss`` (attnlab's
+    ``GPT`` only): the head and the loss by ``attnlab.nn_utils.fused_next_token_loss``, no full logits."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused_adamw or None)
     inputs, targets = tokens[:, :-1], tokens[:, 1:].flatten()
 
     def loss() -> Tensor:
         with torch.autocast(tokens.device.type, dtype=torch.bfloat16, enabled=bf16):
+            if fused_loss:
+                return fused_next_token_loss(model, tokens)
             logits = model(inputs)
         return F.cross_entropy(logits.float().flatten(0, 1), targets)
 

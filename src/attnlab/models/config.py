@@ -10,6 +10,7 @@ from attnlab.errors import ConfigError, require, require_choice
 
 FAMILIES = ("gpt2", "neox", "llama")
 POSITION_ENCODINGS = ("learned", "rotary", "sinusoidal", "alibi", "none")
+PAD_MULTIPLE = 64  # model.padded_vocab_size rounds up to this
 
 
 @dataclass
@@ -24,6 +25,9 @@ class ModelConfig:
     n_kv_head: int | None = None  # grouped-query attention; None means n_head (plain multi-head)
     block_size: int = 256  # the model's context: the longest sequence it can take
     vocab_size: int = 8192  # set from the tokenizer when training from scratch
+    # rows of the embedding and output head, rounded up to a multiple of 64 (at least vocab_size; GPUs' matrix
+    # products want aligned widths: 50,257 -> 50,304); the extra logits are sliced away in forward. None: vocab_size
+    padded_vocab_size: int | None = None
     intermediate_size: int | None = None  # MLP width; None means 4 * n_embd
     bias: bool = True  # biases in the linear layers and norms (false: Llama style)
     dropout: float = 0.0  # dropout probability (attention, residual branches, embeddings), in [0, 1); 0: none
@@ -44,6 +48,9 @@ class ModelConfig:
         require_choice(self.pos_encoding, POSITION_ENCODINGS, "model.pos_encoding")
         for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
             require(getattr(self, key) > 0, f"model.{key}", f"must be positive, got {getattr(self, key)}")
+        if self.padded_vocab_size is not None:
+            size = self.padded_vocab_size
+            require(size > 0, "model.padded_vocab_size", f"must be positive or null, got {size}")
         require(
             self.n_embd % self.n_head == 0,
             "model.n_embd",
@@ -73,6 +80,11 @@ class ModelConfig:
             )
 
     @property
+    def embedding_rows(self) -> int:
+        """Rows of the token embedding and output head: ``vocab_size``, or padded (``padded_vocab_size``)."""
+        return embedding_rows(self.vocab_size, self.padded_vocab_size)
+
+    @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
 
@@ -95,6 +107,13 @@ class ModelConfig:
         if unknown:
             raise ConfigError(f"model.{unknown[0]}", f"unknown key; allowed: {', '.join(sorted(known))}")
         return cls(**values)
+
+
+def embedding_rows(vocab_size: int, padded_vocab_size: int | None) -> int:
+    """``vocab_size``, or ``max(padded_vocab_size, vocab_size)`` rounded up to a multiple of 64."""
+    if padded_vocab_size is None:
+        return vocab_size
+    return -(-max(padded_vocab_size, vocab_size) // PAD_MULTIPLE) * PAD_MULTIPLE
 
 
 def store_defaults() -> None:

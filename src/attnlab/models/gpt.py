@@ -116,12 +116,12 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.attention_config = dict(attention or {"name": "vanilla"})
-        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wte = nn.Embedding(config.embedding_rows, config.n_embd)
         self.wpe = nn.Embedding(config.block_size, config.n_embd) if config.pos_encoding == "learned" else None
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, self.attention_config, i) for i in range(config.n_layer))
         self.norm_f = make_norm(config)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.n_embd, config.embedding_rows, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.wte.weight
         # kept out of the buffers so that model.to(bfloat16) cannot round the rotary frequencies
@@ -195,11 +195,21 @@ class GPT(nn.Module):
         )
 
     def forward(self, idx: Tensor, start_pos: int | None = None, cache: list[KVCache] | None = None) -> Tensor:
-        """Logits for ``idx`` (B, T) whose first token sits at absolute position ``start_pos`` (default 0).
+        """Logits (B, T, vocab_size) for ``idx`` (B, T) whose first token sits at absolute position ``start_pos``
+        (default 0); a padded output head's extra logits are sliced away here, so no loss, metric or sampler sees them.
 
         With ``cache`` (one ``KVCache`` per layer) the new tokens attend to the cached ones as well; ``start_pos``
         is then required (a default of 0 would silently place decoded tokens at the start of the sequence).
         """
+        return self.head(self.features(idx, start_pos, cache))
+
+    def head(self, features: Tensor) -> Tensor:
+        """The output head on ``features``, its padded rows' logits dropped."""
+        logits = self.lm_head(features)
+        return logits if self.config.embedding_rows == self.config.vocab_size else logits[..., : self.config.vocab_size]
+
+    def features(self, idx: Tensor, start_pos: int | None = None, cache: list[KVCache] | None = None) -> Tensor:
+        """The final normalised hidden states (B, T, d) that the output head reads (a fused loss takes them)."""
         if start_pos is None:
             if cache is not None:
                 raise ValueError("GPT.forward with a KV cache needs start_pos (the absolute position of idx[:, 0])")
@@ -217,7 +227,7 @@ class GPT(nn.Module):
         x = self.drop(x)
         for i, block in enumerate(self.blocks):
             x = block(x, ctx, cache[i] if cache else None)
-        return self.lm_head(self.norm_f(x))
+        return self.norm_f(x)
 
     def new_cache(self) -> list[KVCache]:
         return [KVCache() for _ in self.blocks]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from attnlab.errors import ConfigError
@@ -91,7 +92,7 @@ SKIPPED_BUFFERS = re.compile(
 # Ours that a checkpoint never provides: the variant's new parameters and buffers the data/config set.
 NOT_IN_CHECKPOINT = re.compile(r"(\.attn\.variant\.|\.attn\.head_mask$|^token_log_frequency$)")
 # Fields a caller may set freely; the rest are the architecture and must match the checkpoint.
-RUNTIME_FIELDS = ("name", "dropout", "block_size", "tokenizer", "init_from", "head_mask", "extra")
+RUNTIME_FIELDS = ("name", "dropout", "block_size", "tokenizer", "init_from", "head_mask", "padded_vocab_size", "extra")
 WEIGHT_PATTERNS = ["*.json", "model*.safetensors", "tokenizer*"]
 BIN_PATTERNS = ["pytorch_model*.bin", "pytorch_model.bin.index.json"]
 
@@ -303,6 +304,8 @@ def to_hf_state_dict(model: GPT) -> dict[str, Tensor]:
     for key, tensor in model.state_dict().items():
         if NOT_IN_CHECKPOINT.search(key) or (key == "lm_head.weight" and config.tie_embeddings):
             continue
+        if key in ("wte.weight", "lm_head.weight"):
+            tensor = tensor[: config.vocab_size]  # a padded head's extra rows are ours only
         template, layer = _template(key)
         hf_templates = targets[template]
         pieces = tensor.split(qkv_sizes) if len(hf_templates) == 3 else [tensor]
@@ -426,6 +429,13 @@ def apply_overrides(config: ModelConfig, overrides: dict[str, Any]) -> ModelConf
 def load_pretrained_into(model: GPT, state: Mapping[str, Tensor]) -> None:
     """Copy converted weights in; every pretrained parameter must be covered, only variant params may be left."""
     expected = {key: tuple(t.shape) for key, t in model.state_dict().items() if not NOT_IN_CHECKPOINT.search(key)}
+    rows = model.config.embedding_rows
+    state = {  # model.padded_vocab_size: the checkpoint's vocabulary, then zero rows no token id reaches
+        key: F.pad(tensor, (0, 0, 0, rows - len(tensor)))
+        if key in ("wte.weight", "lm_head.weight") and len(tensor) < rows
+        else tensor
+        for key, tensor in state.items()
+    }
     _check_keys(state, expected)
     model.load_state_dict(state, strict=False)
 

@@ -4,6 +4,13 @@
 kernel cannot clip, so ``attend`` runs the plain math over chunks of queries (``attnlab.attention.chunked``): each
 chunk sees its full key rows (the softmax is exact) and only a (chunk x T) score block exists at a time, recomputed in
 backward when there is more than one chunk.
+
+``attention.backend=flex`` runs it in two fused passes instead (a GPU's path; ``flex_attend``): the first gets
+each row's log-sum-exp L_i from FlexAttention, the second recomputes the scores in the same tiled kernel with
+``score_mod = log clip((zeta - gamma) exp(s - L_i) + gamma, 0, 1)`` (-inf where it clips to 0), so flex's own
+normaliser is sum_j p~_ij and ``out * exp(lse)`` is exactly sum_j p~_ij v_j (``attnlab.attention.flex``). No (T x T)
+tensor exists; the gradient flows through both passes' log-sum-exps, L_i captured in the second, as the chain rule
+of the reference path does.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from torch import Tensor
 
 from attnlab.attention.base import AttentionShape, AttentionVariant, VariantOptions, register
 from attnlab.attention.chunked import attend_in_chunks
+from attnlab.attention.flex import FlexMask, log_weight, unnormalised
 from attnlab.errors import require
 
 
@@ -67,3 +75,16 @@ class ClippedSoftmax(AttentionVariant):
         return attend_in_chunks(
             self.probabilities, self.scale, q, k, v, mask, is_causal, dropout, self.options.chunk_size
         )
+
+    def flex_attend(self, q: Tensor, k: Tensor, v: Tensor, flex: FlexMask) -> Tensor:
+        _, lse = flex.attend(q, k, v, self.scale, lse=True)
+        # zeta - gamma and gamma as a captured fp32 tensor: captured Python floats that differ between layers or
+        # models would make dynamo turn them into symbols that flex's kernel cannot take
+        stretch_gamma = torch.tensor([self.zeta - self.gamma, self.gamma], device=q.device)
+
+        def clipped_log(score: Tensor, batch: Tensor, head: Tensor, query: Tensor, key: Tensor) -> Tensor:
+            # masked keys are dropped by the block mask after this; the min keeps their exp from overflowing
+            p = torch.exp(torch.clamp(score - lse[batch, head, query], max=0))
+            return log_weight(torch.clamp(stretch_gamma[0] * p + stretch_gamma[1], 0, 1))
+
+        return unnormalised(*flex.attend(q, k, v, self.scale, clipped_log, lse=True))

@@ -7,10 +7,11 @@
 The decay replaces position encoding: rotary is refused, learned / sinusoidal / ALiBi / none are allowed.
 
 Runs on ``F.scaled_dot_product_attention`` with the decay as an additive float mask (the memory-efficient kernel
-takes it; flash does not), not on FlexAttention: the mask costs O(T^2) memory per head. KV cache: the reference's
-own cache keeps log f per key (``FgateDynamicCache``); here ``transform_qkv`` appends each token's log f (fp32,
-one channel per query head of the group) to its key, so the cache keeps it, and ``attend`` recomputes c over
-every cached position. c_i - c_j does not depend on where the cumulative sum starts.
+takes it; flash does not): the mask costs O(T^2) memory per head. ``attention.backend=flex`` adds c_i - c_j in a
+score_mod instead (c captured, O(T) memory, the gate's gradient through it), the spec's FlexAttention form.
+KV cache: the reference's own cache keeps log f per key (``FgateDynamicCache``); here ``transform_qkv`` appends each
+token's log f (fp32, one channel per query head of the group) to its key, so the cache keeps it, and ``attend``
+recomputes c over every cached position. c_i - c_j does not depend on where the cumulative sum starts.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from attnlab.attention.base import (
     register,
     unchanged,
 )
+from attnlab.attention.flex import FlexMask
 from attnlab.errors import require
 
 
@@ -63,10 +65,13 @@ class ForgettingAttention(AttentionVariant):
         per_kv_head = log_f.view(batch, t, k.shape[1], -1).transpose(1, 2)  # (B, KV, T, H / KV)
         return q, torch.cat([k.float(), per_kv_head], dim=-1), v
 
+    def cumulative_gate(self, k: Tensor) -> Tensor:
+        """c (B, H, t_k), the cumulative log forget gate over the keys, from the log f stored with them."""
+        return torch.cumsum(k[..., self.shape.head_dim :].transpose(-2, -1).flatten(1, 2), dim=-1)
+
     def decay(self, k: Tensor, t_q: int) -> Tensor:
-        """c_i - c_j (B, H, t_q, t_k) for the last t_q of the t_k keys, from the log f stored with the keys."""
-        log_f = k[..., self.shape.head_dim :].transpose(-2, -1).flatten(1, 2)  # (B, H, t_k)
-        c = torch.cumsum(log_f, dim=-1)
+        """c_i - c_j (B, H, t_q, t_k) for the last t_q of the t_k keys."""
+        c = self.cumulative_gate(k)
         return c[..., -t_q:, None] - c[..., None, :]
 
     def bias(self, q: Tensor, k: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
@@ -87,6 +92,14 @@ class ForgettingAttention(AttentionVariant):
             dropout_p=dropout,
             enable_gqa=q.shape[1] != k.shape[1],
         )
+
+    def flex_attend(self, q: Tensor, k: Tensor, v: Tensor, flex: FlexMask) -> Tensor:
+        c = self.cumulative_gate(k)
+
+        def decayed(score: Tensor, batch: Tensor, head: Tensor, query: Tensor, key: Tensor) -> Tensor:
+            return score + (c[batch, head, query] - c[batch, head, key]).to(score.dtype)
+
+        return flex.attend(q, k[..., : self.shape.head_dim].to(q.dtype), v, self.scale, decayed)
 
     def reference_attention(
         self,

@@ -6,7 +6,9 @@ is ``attention=qk_norm`` territory and not part of this variant). Reference: app
 ``attention_simulator`` (``Attention.forward`` with ``unnormalized_sigmoid_attention``: logits scaled, masked,
 ``+ attn_bias``, sigmoid); the reference masks with ``-finfo.max`` where we use -inf: both give exactly 0.
 Its fused FlashSigmoid kernel is GPU only, so ``attend`` runs the plain math over chunks of queries in fp32
-(``attnlab.attention.chunked``: no (T x T) per head is kept). There is no neutral setting.
+(``attnlab.attention.chunked``: no (T x T) per head is kept). ``attention.backend=flex`` runs it on FlexAttention
+with ``score_mod = log sigmoid(s + b)``, whose normaliser is then sum_j sigmoid(s_ij + b): ``out * exp(lse)`` undoes
+it exactly (``attnlab.attention.flex.unnormalised``). There is no neutral setting.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from attnlab.attention.base import AttentionShape, AttentionVariant, VariantOptions, register
 from attnlab.attention.chunked import attend_in_chunks
+from attnlab.attention.flex import FlexMask, unnormalised
 from attnlab.errors import require
 
 
@@ -57,3 +61,11 @@ class SigmoidAttention(AttentionVariant):
         return attend_in_chunks(
             self.probabilities, self.scale, q, k, v, mask, is_causal, dropout, self.options.chunk_size
         )
+
+    def flex_attend(self, q: Tensor, k: Tensor, v: Tensor, flex: FlexMask) -> Tensor:
+        bias = torch.tensor(self.bias, device=q.device)  # a captured tensor, not a float (see clipped_softmax)
+
+        def log_sigmoid(score: Tensor, batch: Tensor, head: Tensor, query: Tensor, key: Tensor) -> Tensor:
+            return F.logsigmoid(score + bias)
+
+        return unnormalised(*flex.attend(q, k, v, self.scale, log_sigmoid, lse=True))

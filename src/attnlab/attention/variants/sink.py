@@ -4,10 +4,11 @@ One logit s_h per head joins every row's softmax and is dropped: p_ij = exp(s_ij
 so a head can attend to nothing. Since that equals softmax(s)_ij * sigmoid(lse_i - s_h), ``attend`` keeps the fused
 SDPA kernel for the output and multiplies by the sink factor; SDPA's public call does not return the row's
 log-sum-exp, so lse comes from the scores over chunks of queries (``attnlab.attention.chunked``: no (T x T) per head
-is kept). ``sink_logit=learned``: s_h a parameter per layer and head, init ``sink_init`` = 0 (gpt-oss's inference
-code allocates it with ``torch.empty`` and loads it, so it gives no init: 0 is our choice). ``fixed``: a constant
-``sink_init`` (0 = softmax1), no parameter. s_h -> -inf is vanilla. Like gpt-oss, s_h is on the scale of the scaled
-scores q k^T / sqrt(d_h) (and of ALiBi-biased scores).
+is kept); ``attention.backend=flex`` takes lse from the FlexAttention kernel that computes the output (one pass, the
+gradient flowing through both). ``sink_logit=learned``: s_h a parameter per layer and head, init ``sink_init`` = 0
+(gpt-oss's inference code allocates it with ``torch.empty`` and loads it, so it gives no init: 0 is our choice).
+``fixed``: a constant ``sink_init`` (0 = softmax1), no parameter. s_h -> -inf is vanilla. Like gpt-oss, s_h is on
+the scale of the scaled scores q k^T / sqrt(d_h) (and of ALiBi-biased scores).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from torch import Tensor, nn
 
 from attnlab.attention.base import AttentionShape, AttentionVariant, VariantOptions, register, register_preset
 from attnlab.attention.chunked import over_query_chunks
+from attnlab.attention.flex import FlexMask
 from attnlab.errors import require, require_choice
 
 SINK_LOGITS = ("learned", "fixed")
@@ -65,8 +67,15 @@ class Sink(AttentionVariant):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout: float) -> Tensor:
         o = super().attend(q, k, v, mask, is_causal, dropout)
-        lse = over_query_chunks(self._lse, q, k, v, mask, is_causal, self.options.chunk_size)  # (B, H, T, 1)
-        kept = torch.sigmoid(lse - self.sinks.float().view(1, -1, 1, 1))  # the row's mass not given to the sink
+        return self.with_sink(o, over_query_chunks(self._lse, q, k, v, mask, is_causal, self.options.chunk_size))
+
+    def flex_attend(self, q: Tensor, k: Tensor, v: Tensor, flex: FlexMask) -> Tensor:
+        o, lse = flex.attend(q, k, v, self.scale, lse=True)
+        return self.with_sink(o, lse.unsqueeze(-1))
+
+    def with_sink(self, o: Tensor, lse: Tensor) -> Tensor:
+        """The output softmax(s) v times each row's mass not given to the sink, sigmoid(lse - s_h)."""
+        kept = torch.sigmoid(lse - self.sinks.float().view(1, -1, 1, 1))
         self.record("sink_mass", 1 - kept)
         return o * kept.to(o.dtype)
 
