@@ -331,8 +331,9 @@ def kernels_section(args: argparse.Namespace, device: torch.device, progress: Pr
         f"{markdown([formatted(r) for r in steps])}\n\n"
         "x vanilla sdpa = the time over vanilla's on SDPA in the same run. sdpa = the variant's own path (the fused "
         "kernel, or its exact chunked math: clipped softmax, sigmoid, the sink's log-sum-exp), flex = "
-        "FlexAttention (compiled on a GPU; clipped softmax in two passes), reference = the plain (T x T) math."
-        + ("" if gpu else " The CPU has no flex training step (no FlexAttention backward).")
+        "FlexAttention (compiled on a GPU; clipped softmax in two passes), reference = the plain (T x T) math. A flex "
+        "step's TFLOP/s uses the FLOPs counted on the variant's own path (the same products: PyTorch's FLOP counter "
+        "cannot trace flex)." + ("" if gpu else " The CPU has no flex training step (no FlexAttention backward).")
     )
 
 

@@ -91,13 +91,16 @@ def benchmark_kernels(
         cores += [{"T": length, **row(timings[c.name], base)} for c in contenders]
     steps = []
     tokens = torch.randint(0, step_shape.vocab_size, (step_shape.batch, step_shape.length + 1), device=device)
+    counted: dict[str, int | None] = {}  # each variant's FLOPs, counted on its own (non-flex) path
     for name, backend in pairs:
         if backend == "flex" and device.type == "cpu":
             continue  # no FlexAttention backward on the CPU
         progress(f"kernels: {step_shape.name} training step, {name} on {backend}")
         model = build_gpt(step_shape.model_config(), {"name": name, "backend": backend}).to(device)
         step = training_step(model, tokens, device.type == "cuda", fused_adamw=device.type == "cuda")
-        flops = count_flops(step)
+        # FlopCounterMode cannot run flex's eager path (torch 2.11 on an H100, 2026-11-26: "no implementation found
+        # for 'torch.ops.higher_order.flex_attention'"); flex computes the same products, so it takes the variant's
+        flops = counted.get(name) if backend == "flex" else counted.setdefault(name, count_flops(step))
         steps.append(Contender(f"{name}|{backend}", step, flops=flops, peak_bytes=peak_memory(step, device)))
     timings = time_round_robin(steps, rounds, warmup=1, progress=progress)
     base = timings["|".join(BASELINE)]
