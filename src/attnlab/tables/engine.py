@@ -153,11 +153,13 @@ class Engine:
                 raise ConfigError(
                     f"table.variant_overrides.{variant}", f"a list of train.py overrides for one of {variants}"
                 )
-        from attnlab.tables.reports import REPORTS
+        from attnlab.tables.reports import CHECKS, REPORTS
 
         for report in self.table.get("reports") or []:
             if report not in REPORTS:
                 raise ConfigError("table.reports", f"one of {', '.join(REPORTS)} (got {report})")
+            if report in CHECKS:
+                CHECKS[report](self)
 
     # ------------------------------------------------------------------------------------------ the grid
     def compose(self, overrides: list[str]) -> DictConfig:
