@@ -16,7 +16,7 @@ TABLE = $(PY) experiments/reproduce_table.py scale=$(SCALE) force=$(if $(FORCE),
 .DEFAULT_GOAL := help
 .PHONY: help install train test test-slow lint format bench reproduce-table1 reproduce-table2 reproduce-table3 \
 	reproduce-table4 reproduce-table5 reproduce-table6 reproduce-table7 reproduce-table8 reproduce-outliers \
-	reproduce-gating reproduce-pruning report notebooks readme-sample clean clean-data clean-outputs
+	reproduce-gating reproduce-pruning reproduce-variants report notebooks readme-sample clean clean-data clean-outputs
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -83,6 +83,9 @@ reproduce-gating: $(STAMP)  ## Qiu et al.: gate positions G1-G5 and forms (perpl
 
 reproduce-pruning: $(STAMP)  ## Michel et al.: head pruning curves, importance vs random (outliers' cells) -> experiments/results/pruning/
 	$(TABLE) table=pruning
+
+reproduce-variants: $(STAMP)  ## every attention variant against vanilla from scratch: ppl, sink, outliers, W8A8, entropy, cost; effects.png -> experiments/results/variants/
+	$(TABLE) table=variants
 
 report: $(STAMP)  ## every committed table, figure and README reading as one static site -> outputs/report/index.html (~1.5 min)
 	$(PY) experiments/report.py $(ARGS)

@@ -47,6 +47,7 @@ from attnlab.eval.analysis.outliers import (
     weight_targets,
 )
 from attnlab.eval.analysis.pruning import write_pruning_csv
+from attnlab.eval.analysis.sinks import entropy_lines, row_entropy
 from attnlab.models import GPT, ModelConfig
 from attnlab.nn_utils import forward_hooks
 from attnlab.runs import OptimSpec
@@ -309,6 +310,30 @@ def test_intermediate_hook_sees_the_variants_own_probabilities_and_is_identity_w
 
 
 # ---------------------------------------------------------------- sinks and gates (seed 002)
+
+
+def test_attention_entropy_of_forced_uniform_and_signed_attention() -> None:
+    """Forced onto one key: entropy 0; uniform: log(keys seen) per query, 1 normalised; a signed (differential)
+    or unnormalised (sigmoid, softpick) row is read as |weights| over their sum; an all-zero row is left out."""
+    forced, batch = tiny(), rows(2)
+    force_attention_to_first_key(forced)
+    result = attention_sinks(forced, batch, skip=4)
+    assert result["attention_entropy"] == pytest.approx(0.0, abs=1e-9)
+    assert result["attention_entropy_normalized"] == pytest.approx(0.0, abs=1e-9)
+    uniform = tiny()
+    make_attention_uniform(uniform)
+    result = attention_sinks(uniform, batch, skip=4)
+    assert result["attention_entropy"] == pytest.approx(sum(math.log(t + 1) for t in range(4, T)) / (T - 4))
+    assert result["attention_entropy_normalized"] == pytest.approx(1.0)
+    # queries at positions 1, 2, 3 (seeing 2, 3, 4 keys): a signed row, an all-zero one, an unnormalised one
+    signed = torch.tensor([[[[0.5, -0.5, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [0.2, 0.2, 0.0, 0.0]]]])
+    nats, normalised, counted = row_entropy(signed, first_query=1).tolist()
+    assert counted == 2 and nats == pytest.approx(2 * math.log(2))
+    assert normalised == pytest.approx(1.0 + math.log(2) / math.log(4))
+    # the printout: no line for a record from before the entropy (the README's samples), a dash for all-zero maps
+    assert entropy_lines({"first_token_share": [0.1]}) == []
+    none = {"attention_entropy": None, "attention_entropy_normalized": None}
+    assert entropy_lines(none) == ["  attention entropy       - (no row with any attention weight)"]
 
 
 def test_first_token_share_of_forced_and_uniform_attention() -> None:

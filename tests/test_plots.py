@@ -4,6 +4,7 @@ axis labels with units, bands explained, ours and the paper's on one axis, integ
 from __future__ import annotations
 
 import itertools
+import math
 from pathlib import Path
 
 import matplotlib
@@ -210,6 +211,109 @@ def test_a_tables_figures_name_the_table_scale_and_our_model_per_row(tmp_path: P
     training = results.training_figure()
     assert training is not None and "OPT-125m row: our tiny, 0.95M params" in texts(training)
     assert [t.get_text() for t in training.axes[0].get_xticklabels()] == ["10", "20", "30"]  # steps done, not 0-based
+
+
+def bar_widths(ax: object) -> list[float]:
+    return [round(bar.get_width(), 6) for bar in ax.patches]
+
+
+def test_effects_bars_are_the_differences_with_their_whiskers_and_verdict_colours(tmp_path: Path) -> None:
+    """A bar per variant on one row order across panels; whiskers only where the interval is finite; a variant a
+    panel lacks says so instead of a bar at 0; a claimed effect takes its Holm verdict's colour; one bar that
+    dwarfs most of 4+ bars puts the axis on a symmetric log scale, linear to the next decade, said in its label."""
+    names = ["softpick", "stickbreaking (stick-breaking)", "sigmoid", "fox"]
+    perplexity = pd.DataFrame(
+        {"value": [-2.0, 1.5, 900.0, -1.0], "low": [-3.0, 0.5, 850.0, -2.0], "high": [-1.0, 2.5, 950.0, 0.0]},
+        index=names,
+    )
+    entropy = pd.DataFrame(
+        {"value": [-0.5, -0.25], "low": [-math.inf, -0.3], "high": [math.inf, -0.2]}, index=names[:2]
+    )
+    panels = [
+        plots.EffectPanel("perplexity", "token perplexity, variant - vanilla (vanilla: 300)", perplexity, {}),
+        plots.EffectPanel(
+            "attention_entropy", "nats, variant - vanilla (vanilla: 2.8)", entropy, {names[0]: "reproduces"}
+        ),
+    ]
+    fig = rendered(
+        plots.effects_figure(panels, "table variants, cpu scale", "whiskers: 95% t-interval"), tmp_path / "e.png"
+    )
+    first, second = fig.axes[:2]
+    assert [t.get_text() for t in first.get_yticklabels()] == names  # one row order, shared by every panel
+    assert bar_widths(first) == [-2.0, 1.5, 900.0, -1.0] and bar_widths(second) == [-0.5, -0.25, 0.0, 0.0]
+    assert first.get_xscale() == "symlog" and "symmetric log scale beyond ±10" in first.get_xlabel()
+    assert second.get_xscale() == "linear" and second.get_xlabel().startswith("nats, variant - vanilla")
+    (whiskers,) = [c for c in second.collections if c.get_segments()]
+    assert len(whiskers.get_segments()) == 1  # softpick's interval is infinite (one seed): no whisker drawn
+    assert [t.get_text() for t in second.texts] == ["no value"] * 2  # sigmoid and fox have no entropy here
+    assert second.patches[0].get_facecolor()[:3] == matplotlib.colors.to_rgb(plots.VERDICT_COLOURS["reproduces"])
+    assert second.patches[1].get_facecolor()[:3] == matplotlib.colors.to_rgb(plots.UNJUDGED_COLOUR)
+    shown = texts(fig)
+    assert "no paper direction to judge" in shown and "a paper's claim: inconclusive (Holm)" in shown
+    assert "whiskers: 95% t-interval" in fig.get_suptitle() and colliding_text(fig) == []
+    # two bars are no "most bars": a 2,000x ratio stays on a linear axis (symlog ticks crowded around 0 here)
+    two = plots.EffectPanel(
+        "perplexity", "token perplexity", perplexity.iloc[:2].assign(value=[0.008, -15.7], low=None, high=None), {}
+    )
+    assert plots.effects_figure([two], "t").axes[0].get_xscale() == "linear"
+
+
+def test_a_tables_effects_figure_reads_its_csvs_in_the_columns_units_beside_its_costs(tmp_path: Path) -> None:
+    """attnlab.tables.figures: effects.csv's paired differences per column (in the column's unit, vanilla's mean in
+    the label), then costs.csv's parameters added and step time (whiskers: quartiles), vanilla not a row."""
+    from attnlab.tables.figures import TableResults
+
+    place = {"stage": "pretrain", "row": "from scratch"}
+    effects = [
+        place
+        | {"attention": a, "column": c, "metric": c, "seeds": 3, "diff": d, "ci_low": d - 1, "ci_high": d + 1}
+        | {"verdict": v, "verdict_holm": v}
+        for a, c, d, v in (
+            ("softpick", "perplexity", -4.0, "no paper value"),
+            ("fox", "perplexity", 2.0, "opposite"),
+            ("softpick", "attention_entropy", -0.5, "no paper value"),
+            ("fox", "attention_entropy", 0.1, "no paper value"),
+        )
+    ]
+    pd.DataFrame(effects).to_csv(tmp_path / "effects.csv", index=False)
+    means = [("vanilla", "perplexity", 300.0), ("vanilla", "attention_entropy", 2.8), ("fox", "perplexity", 302.0)]
+    tidy_rows = [place | {"attention": a, "column": c, "mean": m} for a, c, m in means]
+    pd.DataFrame(tidy_rows).to_csv(tmp_path / "variants.csv", index=False)
+    costs = [
+        place
+        | {"attention": a, "parameters": n, "parameters_added_pct": pct, "rounds": 10}
+        | {"step_ratio": r, "step_ratio_q1": r - 0.05, "step_ratio_q3": r + 0.1}
+        for a, n, pct, r in (("vanilla", 1000, 0.0, 1.0), ("fox", 1010, 1.0, 1.5), ("softpick", 1000, 0.0, 1.25))
+    ]
+    pd.DataFrame(costs).to_csv(tmp_path / "costs.csv", index=False)
+    table = {
+        "name": "variants",
+        "title": "Every variant",
+        "baseline": "vanilla",
+        "columns": [
+            {"paper": "perplexity", "unit": "token perplexity"},
+            {"paper": "attention_entropy", "unit": "nats"},
+        ],
+        "paper_variant_names": {"fox": "FoX"},
+    }
+    sizes = {("pretrain", "from scratch"): ("tiny", 953_856)}
+    fig = rendered(TableResults(table, "cpu", tmp_path, sizes).effects_figure(), tmp_path / "effects.png")
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in panels] == ["perplexity", "attention_entropy", "parameters added", "step time"]
+    assert [t.get_text() for t in panels[0].get_yticklabels()] == ["softpick", "fox (FoX)"]  # vanilla is no row
+    assert bar_widths(panels[0]) == [-4.0, 2.0] and bar_widths(panels[1]) == [-0.5, 0.1]
+    labels = [ax.get_xlabel().replace("\n", " ") for ax in panels]  # wrapped to the panel's width
+    assert labels[:2] == [
+        "token perplexity, variant - vanilla (vanilla: 300)",
+        "nats, variant - vanilla (vanilla: 2.8)",
+    ]
+    assert panels[0].patches[1].get_facecolor()[:3] == matplotlib.colors.to_rgb(plots.VERDICT_COLOURS["opposite"])
+    assert bar_widths(panels[2]) == [0.0, 1.0] and labels[2] == "% of vanilla's 1,000 parameters"
+    assert bar_widths(panels[3]) == [25.0, 50.0]  # % above vanilla's median step
+    assert "quartiles over 10 rounds" in labels[3] and "vanilla's own: -5% to +10%" in labels[3]
+    title = fig.get_suptitle()
+    assert "table variants, cpu scale" in title and "from scratch row: our tiny, 0.95M params; 3 seed(s)" in title
+    assert "whiskers: its 95% t-interval" in title and colliding_text(fig) == []
 
 
 def test_matrices_share_one_labelled_colour_scale_and_no_text_collides(tmp_path: Path) -> None:

@@ -7,11 +7,13 @@ import math
 import pandas as pd
 import pytest
 
+from attnlab.errors import ConfigError
 from attnlab.tables.collect import (
     ABSENT,
     INCONCLUSIVE,
     NO_PAPER_VALUE,
     NOT_MEASURED,
+    OPPOSITE,
     PRESENT,
     REPRODUCES,
     effects,
@@ -178,3 +180,52 @@ def test_a_paper_range_is_shown_beside_ours_and_never_judged() -> None:
     assert "0.110-0.250" in markdown and "9.000" in markdown
     verdicts = effects(records([3, 3, 3], 0.5), table, "cpu").set_index(["attention", "column"])["verdict"]
     assert verdicts[("a", "w8")] == NO_PAPER_VALUE and verdicts[("a", "ppl")] != NO_PAPER_VALUE
+
+
+OURS = {k: v for k, v in TABLE.items() if k != "paper"} | {
+    "variants": ["vanilla", "a", "b", "c"],
+    "claims": [
+        {"variant": "a", "column": "ppl", "direction": "lower", "says": "a is better", "source": "Paper A 2024"},
+        {
+            "variant": "a",
+            "column": "w8",
+            "direction": "higher",
+            "says": "a quantises worse",
+            "source": "Paper A, fig 2",
+        },
+        {"variant": "c", "column": "ppl", "direction": "lower", "says": "c is better", "source": "Paper C 2025"},
+    ],
+}
+
+
+def test_a_papers_stated_direction_is_judged_and_joins_the_holm_family() -> None:
+    """A table of our own comparisons (no paper numbers): each ``claims`` entry is judged like a paper number's sign,
+    the rest say "no paper value", and the Markdown shows each claim with its source, ours and its verdicts."""
+    data = with_derived(records([4.0, 4.5, 4.1], w8a8_gap=0.5))
+    effect = effects(data, OURS, "cpu").set_index(["attention", "column"])
+    assert effect.loc[("a", "ppl"), "verdict"] == REPRODUCES  # lower in every seed, as claimed
+    assert effect.loc[("a", "w8"), "verdict"] == OPPOSITE  # its W8A8 perplexity is lower too, not higher
+    assert effect.loc[("b", "ppl"), "verdict"] == NO_PAPER_VALUE and effect["p_holm"].notna().sum() == 2
+    p_values = effect.loc[[("a", "ppl"), ("a", "w8")], "p"].tolist()
+    assert effect.loc[[("a", "ppl"), ("a", "w8")], "p_holm"].tolist() == pytest.approx(holm(p_values))
+    markdown = to_markdown(summarise(data, OURS, "cpu"), effects(data, OURS, "cpu"), OURS, "cpu", None)
+    assert "(paper)" not in markdown and "paper %" not in markdown  # no paper: no columns of dashes
+    assert "a `claims` entry gives a direction for" in markdown
+    claims = markdown[markdown.index("## The papers' claims") :].splitlines()
+    (a_ppl,) = [line for line in claims if "| a is better" in line]
+    cells = [c.strip() for c in a_ppl.split("|")]
+    assert cells[1:6] == ["a", "ppl", "lower", "a is better", "Paper A 2024"]
+    # -1.02 = -(1 + 0.01 x mean seed); vanilla mean 10.067
+    assert cells[6].startswith("-1.02 [") and cells[7] == "-10.13%" and cells[8:10] == [REPRODUCES, REPRODUCES]
+    (c_ppl,) = [line for line in claims if "| c is better" in line]
+    assert [c.strip() for c in c_ppl.split("|")][6:10] == ["not run at this scale", "-", "-", "-"]
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [({"direction": "smaller"}, "direction"), ({"column": "kurtosis"}, "column"), ({"variant": "vanilla"}, "variant")],
+)
+def test_a_bad_claim_is_one_line_naming_its_key(change: dict, key: str) -> None:
+    table = OURS | {"claims": [OURS["claims"][0] | change]}
+    with pytest.raises(ConfigError, match=rf"^table\.claims\[0\]\.{key}: one of "):
+        effects(records([4.0, 4.5, 4.1], 0.5), table, "cpu")

@@ -362,6 +362,80 @@ def table_figure(
     return fig
 
 
+# ------------------------------------------------------------------------------------------------ effects
+VERDICT_COLOURS = {"reproduces": PALETTE[2], "opposite": PALETTE[1], "inconclusive": "#BBBBBB"}
+UNJUDGED_COLOUR = PALETTE[0]  # a difference no paper gives a direction for
+SYMLOG_SPAN = 30.0  # a symmetric log axis once a bar or whisker passes this many times most bars (3 in 4 of 4+)
+
+
+@dataclass
+class EffectPanel:
+    """One metric's bars: per variant label, ``value`` and its whiskers ``low``-``high`` (NaN or infinite: none)
+    in the unit ``xlabel`` names; ``verdicts``: the Holm verdict of the variants a paper gives a direction for."""
+
+    title: str
+    xlabel: str
+    bars: pd.DataFrame  # index: variant label; columns: value, low, high
+    verdicts: Mapping[str, str]
+
+
+def effect_bars(ax: Any, panel: EffectPanel, order: Sequence[str]) -> None:
+    """``panel``'s bars on ``order``'s rows; a variant it lacks reads "no value" instead of a bar at 0. A
+    symmetric log axis (said in the label) when one bar or whisker dwarfs the panel's typical bar."""
+    bars = panel.bars.reindex(order)[["value", "low", "high"]].astype(float)
+    colours = [VERDICT_COLOURS.get(panel.verdicts.get(label, ""), UNJUDGED_COLOUR) for label in order]
+    ax.barh(range(len(order)), bars["value"].fillna(0), color=colours, height=0.6)
+    whiskered = bars[np.isfinite(bars.to_numpy()).all(axis=1)]
+    ax.errorbar(
+        whiskered["value"],
+        [order.index(label) for label in whiskered.index],
+        xerr=[whiskered["value"] - whiskered["low"], whiskered["high"] - whiskered["value"]],
+        fmt="none",
+        color="#000000",
+        capsize=2,
+        linewidth=1,
+    )
+    for y in np.flatnonzero(bars["value"].isna().to_numpy()):  # at the panel's left edge, inside it
+        ax.text(0.01, y, "no value", va="center", fontsize=7, color="#777777", transform=ax.get_yaxis_transform())
+    ax.axvline(0, color="#000000", linewidth=0.8)
+    shown = np.abs(bars.to_numpy())
+    reach = shown[np.isfinite(shown)].max(initial=0.0)
+    sizes = shown[:, 0][np.isfinite(shown[:, 0])]
+    typical = float(np.quantile(sizes, 0.75, method="lower")) if len(sizes) >= 4 else 0.0  # most bars, not outliers
+    xlabel = panel.xlabel
+    if typical and reach > SYMLOG_SPAN * typical:
+        linear = 10.0 ** math.ceil(math.log10(typical))  # a decade: the ticks stay a decade apart around 0
+        ax.set_xscale("symlog", linthresh=linear)
+        xlabel += f" (symmetric log scale beyond ±{linear:g})"
+    else:  # few short labels: 4-digit decimals side by side overlap
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=4))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x:.3g}"))
+    ax.set_title(panel.title)
+    ax.set_xlabel(wrap(xlabel, 48))
+
+
+def effects_figure(panels: Sequence[EffectPanel], title: str, caption: str = "", columns: int = 3) -> Figure:
+    """Small multiples, one panel per metric, every variant a horizontal bar (with whiskers) on one row order, so a
+    variant reads across the panels; bars of claimed effects take their Holm verdict's colour (the legend)."""
+    order = list(dict.fromkeys(label for panel in panels for label in panel.bars.index))
+    columns = min(columns, len(panels))
+    rows = math.ceil(len(panels) / columns)
+    with style():
+        fig = Figure(figsize=(4.2 * columns + 1.8, (0.3 * len(order) + 1.6) * rows + 1.4), layout="constrained")
+        axes = fig.subplots(rows, columns, squeeze=False, sharey=True).flatten()
+        for ax, panel in zip(axes, panels, strict=False):
+            effect_bars(ax, panel, order)
+        for ax in axes[len(panels) :]:
+            ax.set_visible(False)
+        axes[0].set_yticks(range(len(order)), order)
+        axes[0].set_ylim(len(order) - 0.5, -0.5)
+        entries = [Patch(color=UNJUDGED_COLOUR)] + [Patch(color=c) for c in VERDICT_COLOURS.values()]
+        names = ["no paper direction to judge"] + [f"a paper's claim: {v} (Holm)" for v in VERDICT_COLOURS]
+        fig.legend(entries, names, loc="outside lower center", ncols=len(entries))
+        fig.suptitle(title + (f"\n{caption}" if caption else ""))
+    return fig
+
+
 # ------------------------------------------------------------------------------------------------ text heatmap
 # magma without its black and white ends, so text on every cell stays readable
 HEAT = ListedColormap(mpl.colormaps["magma"]([0.05 + 0.9 * i / 255 for i in range(256)]), name="magma_mid")

@@ -54,6 +54,7 @@ def reproduce(
 
     from attnlab.tables.collect import write
     from attnlab.tables.engine import Engine
+    from attnlab.tables.figures import save_effects_figure
     from attnlab.tables.reports import REPORTS
 
     if isinstance(table, str):
@@ -74,6 +75,7 @@ def reproduce(
     records = engine.evaluate(cells)
     sections = [REPORTS[name](engine, cells, results_dir) for name in table.get("reports") or []]
     markdown = write(records, table, scale, results_dir, wandb_cfg, engine.trajectories(cells), sections)
+    save_effects_figure(table, scale, results_dir, engine.row_sizes)
     print(markdown)
     return markdown
 
@@ -82,11 +84,13 @@ def render(table: dict[str, Any], scale: str, *, results_dir: Path, root: Path |
     """Write the table again from the records it committed (``runs.csv``, ``curves.csv``), without its cells: what a
     fresh clone can do when the way a table is read changes (phenomenon checks, corrected verdicts, labels). A
     report is written again from the CSV it committed (``root``: the repository, for our models' sizes); without
-    that CSV the table has to be reproduced instead."""
+    that CSV the table has to be reproduced instead. ``effects.png`` is drawn again from the CSVs too."""
     import pandas as pd
 
     from attnlab.errors import ConfigError
     from attnlab.tables.collect import write
+    from attnlab.tables.engine import Engine
+    from attnlab.tables.figures import save_effects_figure
     from attnlab.tables.reports import RENDERS
 
     runs = results_dir / "runs.csv"
@@ -102,5 +106,7 @@ def render(table: dict[str, Any], scale: str, *, results_dir: Path, root: Path |
     curves = pd.read_csv(results_dir / "curves.csv") if (results_dir / "curves.csv").is_file() else None
     sections = [RENDERS[name][1](table, scale, root, results_dir) for name in reports]
     markdown = write(records, table, scale, results_dir, curves=curves, sections=sections)
+    engine = Engine(table, scale, root=root, runs_dir=root / "outputs" / "runs") if root is not None else None
+    save_effects_figure(table, scale, results_dir, engine.row_sizes if engine else dict)
     print(markdown)
     return markdown

@@ -12,10 +12,12 @@ from typing import Any
 import pandas as pd
 from scipy import stats
 
+from attnlab.errors import ConfigError
 from attnlab.runs import write_atomic
 
 REPRODUCES, OPPOSITE, INCONCLUSIVE = "reproduces", "opposite", "inconclusive"
 NO_PAPER_VALUE = "no paper value"  # the paper gives no number for the variant or the baseline: nothing to judge
+DIRECTIONS = {"lower": -1.0, "higher": 1.0}  # a ``claims`` direction as the sign of the paper's difference
 
 
 def paired_interval(diffs: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
@@ -58,6 +60,23 @@ def verdict(low: float, high: float, paper_diff: float) -> str:
     if paper_diff == 0 or (low <= 0 <= high):
         return INCONCLUSIVE
     return REPRODUCES if (low > 0) == (paper_diff > 0) else OPPOSITE
+
+
+def claims(table: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    """The table's ``claims``: (variant, paper column) -> a paper's stated direction against the baseline where it
+    gives no number for this protocol (softpick: "no attention sink"), with what it says and where."""
+    found = {}
+    allowed = {
+        "variant": [v for v in table["variants"] if v != table["baseline"]],
+        "column": [c["paper"] for c in table["columns"]],
+        "direction": list(DIRECTIONS),
+    }
+    for index, claim in enumerate(table.get("claims") or []):
+        for key, values in allowed.items():
+            if claim.get(key) not in values:
+                raise ConfigError(f"table.claims[{index}].{key}", f"one of {', '.join(values)} (got {claim.get(key)})")
+        found[(claim["variant"], claim["column"])] = claim
+    return found
 
 
 def column_map(table: dict[str, Any], scale: str) -> list[dict[str, Any]]:
@@ -196,6 +215,7 @@ def effects(records: list[dict[str, Any]], table: dict[str, Any], scale: str) ->
     """Each variant minus the baseline, paired by seed, per stage, row and column that ran; with its verdict."""
     frame = pd.DataFrame(records)
     baseline = table["baseline"]
+    stated = claims(table)
     rows = []
     for index, column in enumerate(column_map(table, scale)):
         ours = column["ours"]
@@ -212,6 +232,8 @@ def effects(records: list[dict[str, Any]], table: dict[str, Any], scale: str) ->
                 paper_variant = scalar_paper_value(table, stage, row, attention, index)
                 paper_base = scalar_paper_value(table, stage, row, baseline, index)
                 paper_diff = paper_variant - paper_base if None not in (paper_variant, paper_base) else None
+                claim = stated.get((attention, column["paper"]))
+                direction = paper_diff if paper_diff is not None or claim is None else DIRECTIONS[claim["direction"]]
                 mean, low, high = paired_interval(diffs)
                 base = by_seed[baseline].mean()
                 p_value = paired_p_value(diffs)
@@ -221,7 +243,7 @@ def effects(records: list[dict[str, Any]], table: dict[str, Any], scale: str) ->
                     | {"paper_diff": paper_diff}
                     | {"diff_pct": 100 * mean / base if base else None}
                     | {"paper_pct": 100 * paper_diff / paper_base if paper_diff is not None and paper_base else None}
-                    | {"verdict": NO_PAPER_VALUE if paper_diff is None else verdict(low, high, paper_diff)}
+                    | {"verdict": NO_PAPER_VALUE if direction is None else verdict(low, high, direction)}
                 )
     return corrected(pd.DataFrame(rows, columns=EFFECT_COLUMNS[:-2]))
 
@@ -232,7 +254,8 @@ EFFECT_COLUMNS += ["paper_diff", "diff_pct", "paper_pct", "verdict", "p_holm", "
 
 def corrected(effect: pd.DataFrame) -> pd.DataFrame:
     """Holm over the table's family: every comparison the paper gives a direction for (one per variant, column,
-    stage and row). A verdict survives when its adjusted p is below 0.05; otherwise it becomes inconclusive."""
+    stage and row; a number or a ``claims`` entry). A verdict survives when its adjusted p is below 0.05; otherwise
+    it becomes inconclusive."""
     effect = effect.assign(p_holm=None, verdict_holm=effect["verdict"])
     judged = effect.index[(effect["verdict"] != NO_PAPER_VALUE) & (effect["paper_diff"] != 0)]
     if len(judged):
@@ -278,6 +301,7 @@ def to_markdown(
     columns' provenance, the verdicts."""
     columns = column_map(table, scale)
     ran = [c for c in columns if c["ours"] is not None]
+    has_paper = bool(table.get("paper"))  # a table of our own comparisons (variants) has no paper columns to show
     lines = [f"# {table['title']} ({scale} scale)", ""]
     lines += [f"- {note}" for note in table.get("notes") or []] + ([""] if table.get("notes") else [])
     lines += phenomena_markdown(checks, table) if checks is not None else []
@@ -288,8 +312,10 @@ def to_markdown(
             entry = {"stage": stage, "row": row, "model": group["model"].iloc[0], "attention": label}
             for column in ran:
                 found = group[group["column"] == column["paper"]].iloc[0]
-                entry[f"{column['paper']} (ours)"] = _cell(found["mean"], found["std"])
-                entry[f"{column['paper']} (paper)"] = paper_cell(found)
+                ours = f"{column['paper']} (ours)" if has_paper else column["paper"]
+                entry[ours] = _cell(found["mean"], found["std"])
+                if has_paper:
+                    entry[f"{column['paper']} (paper)"] = paper_cell(found)
             wide.append(entry)
         lines += [f"## {stage}", "", pd.DataFrame(wide).to_markdown(index=False), ""]
     seeds = int(summary["seeds"].max()) if len(summary) else 0
@@ -298,14 +324,17 @@ def to_markdown(
         if column["ours"] is None:
             lines.append(f"- {column['paper']}: not run at {scale} scale")
         elif column["standin"]:
-            lines.append(f"- {column['paper']}: stand-in `{column['ours']}` ({column['standin']})")
+            standin = "stand-in " if has_paper else ""
+            lines.append(f"- {column['paper']}: {standin}`{column['ours']}` ({column['standin']})")
         else:
             lines.append(f"- {column['paper']}: `{column['ours']}`")
     lines += ["", f"## Each variant against {table['baseline']} (paired by seed, 95% t-interval)", ""]
-    lines += ["diff % and paper %: the difference as a share of the baseline's value (ours: its mean over seeds).", ""]
+    shares = "diff % and paper %" if has_paper else "diff %"
+    lines += [f"{shares}: the difference as a share of the baseline's value (ours: its mean over seeds).", ""]
+    judged_by = "the paper gives a direction for" if has_paper else "a `claims` entry gives a direction for"
     lines += [
-        "p: the paired t-test behind the interval; Holm p: adjusted over every comparison the paper gives a direction "
-        "for in this table (the verdict (Holm) column: a verdict whose Holm p is not below 0.05 becomes inconclusive).",
+        f"p: the paired t-test behind the interval; Holm p: adjusted over every comparison {judged_by} in this "
+        "table (the verdict (Holm) column: a verdict whose Holm p is not below 0.05 becomes inconclusive).",
         "",
     ]
     if len(effect):
@@ -314,6 +343,8 @@ def to_markdown(
             ours_pct=[percent(v) for v in effect["diff_pct"]],
             paper_pct=[percent(v) for v in effect["paper_pct"]],
         )[["stage", "row", "attention", "column", "seeds", "diff", "interval", "ours_pct", "paper_diff", "paper_pct"]]
+        if not has_paper:
+            shown = shown.drop(columns=["paper_diff", "paper_pct"])
         shown = shown.rename(columns={"ours_pct": "diff %", "paper_pct": "paper %"}).assign(
             attention=[variant_label(table, a) for a in effect["attention"]],
             p=effect["p"],
@@ -330,7 +361,37 @@ def to_markdown(
         ):
             counts = effect[key].value_counts().to_dict()
             lines += ["", f"{label}: " + ", ".join(f"{k} {v}" for k, v in counts.items())]
+    lines += claims_markdown(effect, table)
     return "\n".join(lines) + "\n"
+
+
+def claims_markdown(effect: pd.DataFrame, table: dict[str, Any]) -> list[str]:
+    """The papers' stated directions (``claims``), each with our paired difference and its verdicts."""
+    stated = claims(table)
+    if not stated:
+        return []
+    rows = []
+    for (variant, column), claim in stated.items():
+        found = effect[(effect["attention"] == variant) & (effect["column"] == column)] if len(effect) else effect
+        said = {"variant": variant_label(table, variant), "column": column, "paper": claim["direction"]}
+        said |= {"what it says": claim["says"], "source": claim["source"]}
+        if not len(found):
+            rows.append(said | {"ours": "not run at this scale", "ours %": "-", "verdict": "-", "verdict (Holm)": "-"})
+        for result in found.itertuples(index=False):
+            rows.append(
+                said
+                | {"ours": f"{result.diff:+.4g} [{result.ci_low:+.3g}, {result.ci_high:+.3g}]"}
+                | {"ours %": percent(result.diff_pct), "verdict": result.verdict, "verdict (Holm)": result.verdict_holm}
+            )
+    return [
+        "",
+        f"## The papers' claims (their direction against {table['baseline']}, where no number fits this protocol)",
+        "",
+        "ours: the paired difference and its 95% interval in the column's units; ours %: as a share of the "
+        "baseline's mean. The verdicts are the effects table's (Holm over every judged comparison).",
+        "",
+        pd.DataFrame(rows).to_markdown(index=False),
+    ]
 
 
 def curves_markdown(curves: pd.DataFrame, table: dict[str, Any]) -> str:

@@ -32,7 +32,7 @@ from attnlab.configs import config_files, initialized
 from attnlab.errors import ConfigError
 from attnlab.runs import LAST_CHECKPOINT, RESULTS_FILE, run_directory_in_use, validate_train_config
 from attnlab.tables.cells import cell_name
-from attnlab.tables.sizes import config_parameters
+from attnlab.tables.sizes import config_parameters, model_parts
 
 log = logging.getLogger(__name__)
 
@@ -147,11 +147,19 @@ class Engine:
                 f"table.scales.{self.scale}.rows",
                 f"one model per paper row, each model once (got {dict(pairs) or 'none'})",
             )
-        from attnlab.tables.reports import REPORTS
+        for variant, extra in (self.table.get("variant_overrides") or {}).items():
+            if variant not in self.table["variants"] or not isinstance(extra, list):
+                variants = ", ".join(self.table["variants"])
+                raise ConfigError(
+                    f"table.variant_overrides.{variant}", f"a list of train.py overrides for one of {variants}"
+                )
+        from attnlab.tables.reports import CHECKS, REPORTS
 
         for report in self.table.get("reports") or []:
             if report not in REPORTS:
                 raise ConfigError("table.reports", f"one of {', '.join(REPORTS)} (got {report})")
+            if report in CHECKS:
+                CHECKS[report](self)
 
     # ------------------------------------------------------------------------------------------ the grid
     def compose(self, overrides: list[str]) -> DictConfig:
@@ -185,6 +193,11 @@ class Engine:
         salt = [f"+cell_salt={self.salt}"] if self.force else []
         return [o.format(model=model) for o in common] + salt + list(self.args)
 
+    def variant_overrides(self, attention: str) -> list[str]:
+        """More train.py overrides for one variant's cells (stick-breaking takes no position encoding): the
+        table's ``variant_overrides``, which the variant's comparison with the baseline then includes."""
+        return list((self.table.get("variant_overrides") or {}).get(attention, []))
+
     def row_sizes(self) -> dict[tuple[str, str], tuple[str, int]]:
         """``(stage, paper row) -> (our model, parameters)`` of the baseline at this scale: what stands in for each
         paper row, for figures that keep the paper's row names ("OPT-125m")."""
@@ -196,9 +209,7 @@ class Engine:
                     f"model={model}",
                     f"attention={self.table['baseline']}",
                 ]
-                cfg = OmegaConf.to_container(self.compose(overrides), resolve=False)
-                vocab = (cfg.get("data") or {}).get("tokenizer_vocab_size")
-                found[(stage, row)] = (model, config_parameters(cfg["model"], cfg["attention"], vocab))
+                found[(stage, row)] = (model, config_parameters(*model_parts(self.compose(overrides))))
         return found
 
     def init_source(self, stage: str, cells: dict[tuple, Cell], row: str, seed: int) -> list[str]:
@@ -222,6 +233,7 @@ class Engine:
                             *self.init_source(stage, cells, row, seed),
                             f"model={model}",
                             f"attention={attention}",
+                            *self.variant_overrides(attention),
                             f"seed={seed}",
                         ]
                         cfg = self.compose(overrides)  # composing is slow (~0.5 s): once per cell
@@ -266,11 +278,12 @@ class Engine:
             )
 
     def launch_groups(self, pending: list[Cell]) -> list[list[Cell]]:
-        """Pending cells as Hydra sweeps (attention x seed products): one per model, or per model and seed
-        when the cells have different starting checkpoints or do not form a product."""
+        """Pending cells as Hydra sweeps (attention x seed products): one per model (and per variant with overrides
+        of its own), or per model and seed when the cells have different starting checkpoints or do not form a
+        product."""
         groups: dict[tuple, list[Cell]] = {}
         for cell in pending:
-            key = (cell.stage, cell.model)
+            key = (cell.stage, cell.model, *self.variant_overrides(cell.attention))
             if any(o.startswith("model.init_from=") for o in cell.overrides):
                 key = (*key, cell.seed)
             groups.setdefault(key, []).append(cell)
@@ -349,10 +362,11 @@ class Engine:
         records = []
         for cell in cells:
             out = self.eval_dir(cell)
-            if not (out / "results.json").is_file():
+            cached = out / "results.json"
+            if not cached.is_file() or predates_headlines(json.loads(cached.read_text())):
                 wandb_cfg = self.eval_wandb(cell)
                 evaluate_cell(cell, suite, out, limit=spec.get("limit"), cache_dir=cell.cache_dir, wandb_cfg=wandb_cfg)
-            result = json.loads((out / "results.json").read_text())
+            result = json.loads(cached.read_text())
             analysis = (result.get("analysis") or {}).get("summary", {})  # eval suites with an `analysis` section
             summary = {k: v for k, v in analysis.items() if k not in ("eval_tokens", "map_tokens")} | result["summary"]
             trained = json.loads((cell.directory / RESULTS_FILE).read_text())
@@ -404,6 +418,16 @@ class Engine:
             "name": f"{cell.model}-{cell.attention}-s{cell.seed}",
             "tags": [cell.attention, cell.model, f"seed-{cell.seed}", cell.stage, *self.wandb_tags()],
         }
+
+
+def predates_headlines(result: dict[str, Any]) -> bool:
+    """Whether a cached evaluation ran an analysis metric before it had all of today's headline numbers (the sinks
+    metric's attention entropy): evaluated again, so a table that shares the cell does not lose that column."""
+    from attnlab.eval.analysis.common import METRICS
+
+    analysis = result.get("analysis") or {}
+    summary = analysis.get("summary") or {}
+    return any(name in analysis and not set(metric.headline) <= set(summary) for name, metric in METRICS.items())
 
 
 def evaluate_cell(

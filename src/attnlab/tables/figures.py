@@ -3,6 +3,7 @@ CSVs, the table config's names for its rows and variants, and our models' real s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -10,8 +11,9 @@ from typing import Any
 import pandas as pd
 from matplotlib.figure import Figure
 
-from attnlab.plots import Panel, curves_figure, row_label, table_figure
-from attnlab.tables.collect import variant_label
+from attnlab.plots import EffectPanel, Panel, curves_figure, effects_figure, row_label, save, table_figure
+from attnlab.tables.collect import NO_PAPER_VALUE, variant_label
+from attnlab.tables.reports import COSTS_CSV
 
 # what each logged metric measures, with its unit (a metric not named here is labelled by its name)
 METRIC_LABELS = {
@@ -20,6 +22,7 @@ METRIC_LABELS = {
     "outliers/kurtosis_max": "max kurtosis over modules (Gaussian: 3)",
     "val/loss": "validation loss (nats per token)",
 }
+EFFECTS_FIGURE = "effects.png"  # a table with ``effects_figure: true`` commits it beside its Markdown
 STANDIN_NOTE = "our columns are stand-ins on another dataset and model size: compare the pattern across variants"
 
 
@@ -70,6 +73,63 @@ class TableResults:
             figures[str(stage)] = table_figure(everything, title, labels, caption=caption)
         return figures
 
+    def effects_figure(self) -> Figure:
+        """Every variant against the baseline in one figure: per column that ran (and per stage and row, when the
+        table has several), the paired difference in the column's ``unit`` with its 95% interval (``effects.csv``);
+        and the ``costs`` report's parameters added and step time when the table has it (``costs.csv``)."""
+        effects = pd.read_csv(self.results / "effects.csv")
+        tidy = pd.read_csv(self.results / f"{self.table['name']}.csv")
+        baseline = self.table["baseline"]
+        means = tidy[tidy["attention"] == baseline].set_index(["stage", "row", "column"])["mean"]
+        units = {column["paper"]: column.get("unit", column["paper"]) for column in self.table["columns"]}
+        places = list(dict.fromkeys(zip(effects["stage"], effects["row"], strict=True)))
+        panels = []
+        for (stage, row, column), part in effects.groupby(["stage", "row", "column"], sort=False):
+            labelled = part.assign(label=[variant_label(self.table, a) for a in part["attention"]]).set_index("label")
+            bars = labelled[["diff", "ci_low", "ci_high"]].set_axis(["value", "low", "high"], axis=1)
+            judged = labelled[labelled["verdict"] != NO_PAPER_VALUE]["verdict_holm"].to_dict()
+            base = means.get((stage, row, column))
+            xlabel = f"{units[column]}, variant - {baseline} ({baseline}: {base:.4g})"
+            title = column if len(places) == 1 else f"{column}\n{stage}, {row}"
+            panels.append(EffectPanel(title, xlabel, bars, judged))
+        costs = self.results / COSTS_CSV
+        if costs.is_file():
+            panels += self.cost_panels(pd.read_csv(costs))
+        seeds = int(effects["seeds"].max())
+        whiskers = "its 95% t-interval" if seeds > 1 else "none (1 seed: no interval)"
+        caption = (
+            f"{'; '.join(self.row(str(s), str(r)) for s, r in places)}; {seeds} seed(s)\n"
+            f"bars: mean difference with {baseline}, paired by seed; whiskers: {whiskers}"
+        )
+        if self.scale != "paper":
+            caption += f"\n{self.scale} scale: {STANDIN_NOTE}"
+        return effects_figure(panels, self.heading(f"each variant against {baseline}"), caption)
+
+    def cost_panels(self, costs: pd.DataFrame) -> list[EffectPanel]:
+        """Parameters added (% of the baseline's) and the training step's time against the baseline's (whiskers:
+        the variant's quartiles over the timed rounds), from the ``costs`` report's record."""
+        baseline = self.table["baseline"]
+        mine = costs[costs["attention"] == baseline].iloc[0]
+        costs = costs[costs["attention"] != baseline]
+        labels = [variant_label(self.table, a) for a in costs["attention"]]
+        added = pd.DataFrame({"value": costs["parameters_added_pct"].to_numpy()}, index=labels).reindex(
+            columns=["value", "low", "high"]
+        )
+        slower = 100 * (costs[["step_ratio", "step_ratio_q1", "step_ratio_q3"]].set_axis(labels) - 1)
+        base_spread = (
+            f"{round(100 * (mine['step_ratio_q1'] - 1)):+d}% to {round(100 * (mine['step_ratio_q3'] - 1)):+d}%"
+        )
+        return [
+            EffectPanel("parameters added", f"% of {baseline}'s {int(mine['parameters']):,} parameters", added, {}),
+            EffectPanel(
+                "step time",
+                f"training step time, % above {baseline}'s median (whiskers: the variant's quartiles over "
+                f"{int(mine['rounds'])} rounds in one process; {baseline}'s own: {base_spread})",
+                slower.set_axis(["value", "low", "high"], axis=1),
+                {},
+            ),
+        ]
+
     def training_figure(self) -> Figure | None:
         """The metrics the table logged while training (``curves.csv``), against the optimizer steps done."""
         path = self.results / "curves.csv"
@@ -116,3 +176,12 @@ class TableResults:
             panels.append(Panel(str(key), f"{metric}, {stage}\n{self.row(stage, row)}", ylabel, log=log))
         order = [variant_label(self.table, a) for a in dict.fromkeys(curves["attention"])]
         return curves_figure(frame, panels, self.heading(what), order=order)
+
+
+def save_effects_figure(
+    table: dict[str, Any], scale: str, results: Path, sizes: Callable[[], dict[tuple[str, str], tuple[str, int]]]
+) -> None:
+    """A table with ``effects_figure: true`` draws ``effects.png`` beside its Markdown whenever it is written;
+    ``sizes`` (our model per paper row) is called only then: it composes a config per row."""
+    if table.get("effects_figure"):
+        save(TableResults(table, scale, results, sizes()).effects_figure(), results / EFFECTS_FIGURE)

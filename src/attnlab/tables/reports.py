@@ -4,12 +4,14 @@ report again from the CSV it committed, without its cells (``make reproduce-<tab
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from attnlab.errors import ConfigError
 from attnlab.tables.collect import paired_interval, variant_label, verdict
 
 if TYPE_CHECKING:
@@ -18,6 +20,7 @@ if TYPE_CHECKING:
 Report = Callable[["Engine", "list[Cell]", Path], str]
 Render = Callable[[dict[str, Any], str, Path, Path], str]
 PRUNING_CSV = "pruning_curves.csv"
+COSTS_CSV = "costs.csv"  # the ``costs`` report's record: parameters and step time against the baseline
 
 
 def pruning_curves(engine: Engine, cells: list[Cell], out_dir: Path) -> str:
@@ -115,5 +118,110 @@ def plot_pruning_curves(
     save(pruning_figure(panels, heads, title), out_dir / "pruning_curves.png")
 
 
-REPORTS: dict[str, Report] = {"pruning": pruning_curves}
-RENDERS: dict[str, tuple[str, Render]] = {"pruning": (PRUNING_CSV, render_pruning)}
+def variant_costs(engine: Engine, cells: list[Cell], out_dir: Path) -> str:
+    """What each variant costs beside the baseline at each row's cell shape: parameters added (counted from the cell's
+    composed config) and the training step's time as a ratio to the baseline's, timed in this one process round
+    robin (``attnlab.bench.timing``: ratios, not absolute times, carry over between machines). Written as
+    ``costs.csv``; ``table.scales.<scale>.costs.rounds`` sets the timed rounds."""
+    import torch
+
+    from attnlab.bench.peers import training_step
+    from attnlab.bench.timing import Contender, Progress, time_round_robin
+    from attnlab.tables.sizes import config_model, model_parts
+
+    rounds = cost_rounds(engine)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    baseline = engine.table["baseline"]
+    firsts: dict[tuple[str, str, str], Cell] = {}  # each variant's cell of the first seed, in the table's order
+    for cell in cells:
+        firsts.setdefault((cell.stage, cell.row, cell.attention), cell)
+    rows = []
+    for stage, row in dict.fromkeys((stage, row) for stage, row, _ in firsts):
+        chosen = [cell for (s, r, _), cell in firsts.items() if (s, r) == (stage, row)]
+        contenders, parameters = [], {}
+        for cell in sorted(chosen, key=lambda c: c.attention != baseline):
+            cfg = engine.compose(list(cell.overrides))
+            torch.manual_seed(0)
+            model = config_model(*model_parts(cfg)).to(device)
+            parameters[cell.attention] = model.num_parameters()
+            data = cfg.data
+            generator = torch.Generator().manual_seed(0)
+            shape = (data.batch_size, data.block_size + 1)
+            tokens = torch.randint(0, model.config.vocab_size, shape, generator=generator).to(device)
+            step = training_step(model, tokens, bf16=device.type == "cuda", fused_adamw=False)
+            contenders.append(Contender(cell.attention, step))
+        timings = time_round_robin(contenders, rounds, warmup=1, progress=Progress())
+        base = timings[baseline]
+        for contender in contenders:
+            timing, added = timings[contender.name], parameters[contender.name] - parameters[baseline]
+            rows.append(
+                {"stage": stage, "row": row, "attention": contender.name, "parameters": parameters[contender.name]}
+                | {"parameters_added": added, "parameters_added_pct": 100 * added / parameters[baseline]}
+                | {"step_ms": 1000 * timing.median_s, "step_ratio": timing.median_s / base.median_s}
+                | {"step_ratio_q1": timing.q1_s / base.median_s, "step_ratio_q3": timing.q3_s / base.median_s}
+                | {"rounds": rounds, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
+                | {"threads": torch.get_num_threads(), "measured": datetime.date.today().isoformat()}
+            )
+    costs = pd.DataFrame(rows)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    costs.to_csv(out_dir / COSTS_CSV, index=False)
+    return costs_section(costs, engine.table)
+
+
+def cost_rounds(engine: Engine) -> int:
+    """``table.scales.<scale>.costs.rounds`` (default 10), checked when the engine starts, not hours later."""
+    rounds = (engine.settings.get("costs") or {}).get("rounds", 10)
+    if not isinstance(rounds, int) or rounds < 1:
+        raise ConfigError(f"table.scales.{engine.scale}.costs.rounds", f"a whole number >= 1 (got {rounds})")
+    return rounds
+
+
+def render_costs(table: dict[str, Any], scale: str, root: Path, out_dir: Path) -> str:
+    """The cost section again from the committed ``costs.csv`` (timing again would measure another machine)."""
+    return costs_section(pd.read_csv(out_dir / COSTS_CSV), table)
+
+
+def costs_section(costs: pd.DataFrame, table: dict[str, Any]) -> str:
+    """The cost table: parameters added and step time against the baseline, with how and where it was timed."""
+    first = costs.iloc[0]
+    shown = costs.assign(attention=[variant_label(table, a) for a in costs["attention"]])
+    shown = shown.assign(
+        added=[
+            f"{n:+,} ({p:+.2f}%)" for n, p in zip(shown["parameters_added"], shown["parameters_added_pct"], strict=True)
+        ],
+        step=[
+            f"{r:.2f} [{lo:.2f}, {hi:.2f}]"
+            for r, lo, hi in zip(shown["step_ratio"], shown["step_ratio_q1"], shown["step_ratio_q3"], strict=True)
+        ],
+    )[["stage", "row", "attention", "parameters", "added", "step_ms", "step"]]
+    shown.columns = [
+        "stage",
+        "row",
+        "attention",
+        "parameters",
+        f"added to {table['baseline']}",
+        "ms/step",
+        f"step time x {table['baseline']} [quartiles]",
+    ]
+    return "\n".join(
+        [
+            f"## What each variant costs beside {table['baseline']}",
+            "",
+            "Parameters counted from each cell's config; a training step (forward, loss, backward, AdamW) on the "
+            f"cells' batch shape, timed in one process, round robin in shuffled order over {first['rounds']} rounds "
+            "(median; quartiles: the variant's times over the baseline's median) on "
+            f"{first['device']} with {first['threads']} threads, {first['measured']}. Ratios carry over between "
+            "machines; milliseconds do not. Record: costs.csv.",
+            "",
+            shown.to_markdown(index=False, floatfmt=",.1f"),
+            "",
+        ]
+    )
+
+
+REPORTS: dict[str, Report] = {"pruning": pruning_curves, "costs": variant_costs}
+CHECKS: dict[str, Callable[[Engine], object]] = {"costs": cost_rounds}  # a report's settings, read at the start
+RENDERS: dict[str, tuple[str, Render]] = {
+    "pruning": (PRUNING_CSV, render_pruning),
+    "costs": (COSTS_CSV, render_costs),
+}

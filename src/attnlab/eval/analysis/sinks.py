@@ -30,12 +30,18 @@ def attention_sinks(model: nn.Module, tokens: Tokens, skip: int = 4, deep_skip: 
 
     ``sink_share`` is the phenomenon check's number (issue 23): the same share for queries at positions >=
     ``deep_skip``, averaged over the layers after the first (the first layer rarely has a sink: Xiao et al. 2024,
-    Gu et al. 2025), so early queries that can only see a few keys do not pass for a sink."""
+    Gu et al. 2025), so early queries that can only see a few keys do not pass for a sink.
+
+    ``attention_entropy``: the mean entropy (nats) of a query's attention over its keys, queries at positions >=
+    ``skip``, over heads and layers; ``..._normalized`` divides each row's by log(keys it sees), so 1 is uniform.
+    Rows that are not distributions (sigmoid and softpick rows need not sum to 1, differential ones can be negative)
+    are taken as |weights| over their sum, and a row with no weight at all is left out."""
     model = unwrap(model)
     n_layer = len(model.blocks)
     share, rows = torch.zeros(n_layer, dtype=torch.float64), 0
     deep_share, deep_rows = torch.zeros(n_layer, dtype=torch.float64), 0
     max_activation = torch.zeros(n_layer, dtype=torch.float64)
+    entropy = torch.zeros(3, dtype=torch.float64)  # nats, normalised, rows counted
 
     def track_max(i: int):
         def hook(_module: nn.Module, _args: tuple[Any, ...], output: Tensor) -> None:
@@ -46,6 +52,7 @@ def attention_sinks(model: nn.Module, tokens: Tokens, skip: int = 4, deep_skip: 
     def add_share(i: int, probabilities: Tensor) -> None:
         share[i] += probabilities[:, :, skip:, 0].double().sum().cpu()
         deep_share[i] += probabilities[:, :, deep_skip:, 0].double().sum().cpu()
+        entropy.add_(row_entropy(probabilities[:, :, skip:], skip))
 
     tracked = forward_hooks((block, track_max(i)) for i, block in enumerate(model.blocks))
     with evaluating(model), attention_maps(model, add_share), tracked:
@@ -69,7 +76,23 @@ def attention_sinks(model: nn.Module, tokens: Tokens, skip: int = 4, deep_skip: 
         "sink_share": deep_layers.mean().item() if deep_rows else None,
         "max_activation": max_activation.tolist(),
         "max_activation_max": max_activation.max().item(),
+        "attention_entropy": (entropy[0] / entropy[2]).item() if entropy[2] else None,
+        "attention_entropy_normalized": (entropy[1] / entropy[2]).item() if entropy[2] else None,
     }
+
+
+def row_entropy(weights: Tensor, first_query: int) -> Tensor:
+    """Sums over the rows of ``weights`` (B, H, t_q, t_k; queries at 0-based positions ``first_query`` ...) of each
+    row's entropy, of that divided by log(keys the query sees), and the number of rows with any weight."""
+    magnitude = weights.double().abs()
+    total = magnitude.sum(dim=-1, keepdim=True)
+    kept = total.squeeze(-1) > 0
+    share = magnitude / total.clamp_min(torch.finfo(torch.float64).tiny)
+    nats = -torch.special.xlogy(share, share).sum(dim=-1)
+    seen = torch.arange(first_query + 1, first_query + 1 + weights.shape[-2], dtype=torch.float64)
+    uniform = seen.log().clamp_min(torch.finfo(torch.float64).tiny).to(nats.device)  # the first query sees 1 key
+    normalised = torch.where(seen.to(nats.device) > 1, nats / uniform, torch.zeros_like(nats))
+    return torch.stack([nats[kept].sum(), normalised[kept].sum(), kept.sum().double()]).cpu()
 
 
 @torch.no_grad()
@@ -105,6 +128,16 @@ def gate_statistics(model: nn.Module, tokens: Tokens, bins: int = 20) -> dict[st
     return {"layers": layers, "mean": sum(means) / len(means)}
 
 
+def entropy_lines(section: dict[str, Any]) -> list[str]:
+    """The printout's entropy line; none for a section recorded before it had the entropy (the README's samples)."""
+    if "attention_entropy" not in section:
+        return []
+    nats, normalised = section["attention_entropy"], section["attention_entropy_normalized"]
+    if nats is None:
+        return ["  attention entropy       - (no row with any attention weight)"]
+    return [f"  attention entropy       {nats:.4g} nats ({normalised:.3f} of uniform)"]
+
+
 @register_metric(
     "sinks",
     # queries at 0-based positions < sink_skip are left out of the first-token share, < sink_deep_skip out of
@@ -114,10 +147,13 @@ def gate_statistics(model: nn.Module, tokens: Tokens, bins: int = 20) -> dict[st
         "first_token_share": "first_token_share_mean",
         "sink_share": "sink_share",
         "max_activation": "max_activation_max",
+        "attention_entropy": "attention_entropy",
+        "attention_entropy_normalized": "attention_entropy_normalized",
     },
     describe=lambda s: [
         per_layer_line("first-token share", s["first_token_share"]),
         per_layer_line("max |block output|", s["max_activation"]),
+        *entropy_lines(s),
     ],
 )
 def _sinks(inputs: AnalysisInputs) -> dict[str, Any]:

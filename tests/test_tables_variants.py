@@ -1,0 +1,172 @@
+"""The table of every attention variant against vanilla (issue 24): ``make reproduce-variants SCALE=smoke`` end to
+end (3 cells: vanilla, softpick with its papers' claims, stick-breaking with its own position setting), its
+render from the committed CSVs, and the engine pieces it added (per-variant overrides, the costs report's
+settings, re-evaluating cached evaluations that predate a headline)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+
+from attnlab.errors import ConfigError
+from attnlab.tables import load_table, render, reproduce
+from attnlab.tables.collect import INCONCLUSIVE, NO_PAPER_VALUE, OPPOSITE, REPRODUCES
+from attnlab.tables.engine import Engine, predates_headlines
+from attnlab.tables.figures import TableResults
+from attnlab.tables.reports import costs_section
+from attnlab.tables.sizes import config_parameters, model_parts
+from tests.test_plots import colliding_text
+
+ROOT = Path(__file__).resolve().parents[1]
+COLUMNS = ["perplexity", "sink_share", "kurtosis_max", "max_inf_norm", "w8a8_gap_pct", "attention_entropy"]
+SMOKE_BLOCK, SMOKE_WIDTH = 32, 32  # the protocol's smoke model: learned positions are block x width parameters
+
+
+def variants_table() -> dict:
+    return load_table("variants", ROOT)
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory, data_cache: Path) -> dict:
+    """``make reproduce-variants SCALE=smoke`` into a temporary directory."""
+    tmp = tmp_path_factory.mktemp("variants")
+    settings = {"root": ROOT, "runs_dir": tmp / "runs", "args": [f"paths.cache_dir={data_cache}"]}
+    markdown = reproduce(variants_table(), "smoke", results_dir=tmp / "results", **settings)
+    return {"markdown": markdown, "results": tmp / "results", "settings": settings}
+
+
+def test_make_reproduce_variants_runs_this_table() -> None:
+    dry = subprocess.run(["make", "-n", "reproduce-variants", "SCALE=smoke"], cwd=ROOT, capture_output=True, text=True)
+    assert "experiments/reproduce_table.py scale=smoke" in dry.stdout and "table=variants" in dry.stdout
+
+
+def test_smoke_table_end_to_end(smoke: dict) -> None:
+    """Every column, the phenomenon lines, softpick's claims judged, the costs section and effects.png."""
+    results, markdown = smoke["results"], smoke["markdown"]
+    assert markdown == (results / "variants.md").read_text()
+    runs = pd.read_csv(results / "runs.csv")
+    assert runs["attention"].tolist() == ["vanilla", "softpick", "stickbreaking"]
+    assert runs[COLUMNS].notna().all().all() and runs["attention_entropy"].gt(0).all()
+    effects = pd.read_csv(results / "effects.csv")
+    assert len(effects) == 2 * len(COLUMNS) and set(effects["column"]) == set(COLUMNS)
+    judged = effects[effects["verdict"] != NO_PAPER_VALUE]
+    assert judged[["attention", "column"]].values.tolist() == [["softpick", "sink_share"], ["softpick", "kurtosis_max"]]
+    assert set(judged["verdict_holm"]) <= {REPRODUCES, OPPOSITE, INCONCLUSIVE} and judged["p_holm"].notna().all()
+    assert markdown.index("- outliers (pretrain, from scratch, vanilla): **") < markdown.index("## pretrain")
+    assert "- attention sink (pretrain, from scratch, vanilla): **" in markdown
+    assert "Zuhri et al. 2025" in markdown and "not run at this scale" in markdown  # the others' claims: listed
+    assert "## What each variant costs beside vanilla" in markdown
+    costs = pd.read_csv(results / "costs.csv").set_index("attention")
+    assert costs.loc["vanilla", "step_ratio"] == 1.0 and costs["step_ratio"].gt(0).all()
+    # stick-breaking drops the learned positions (its own override); softpick adds nothing
+    assert costs.loc["stickbreaking", "parameters_added"] == -SMOKE_BLOCK * SMOKE_WIDTH
+    assert costs.loc["softpick", "parameters_added"] == 0
+    assert (results / "effects.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_stickbreaking_cells_take_their_own_overrides_in_a_sweep_of_their_own(smoke: dict) -> None:
+    settings = smoke["settings"]
+    engine = Engine(variants_table(), "smoke", root=ROOT, runs_dir=settings["runs_dir"], args=settings["args"])
+    cells = {cell.attention: cell for cell in engine.cells()}
+    composed = {name: engine.compose(list(cell.overrides)).model.pos_encoding for name, cell in cells.items()}
+    assert composed == {"vanilla": "learned", "softpick": "learned", "stickbreaking": "none"}
+    groups = engine.launch_groups(list(cells.values()))
+    assert [[c.attention for c in group] for group in groups] == [["vanilla", "softpick"], ["stickbreaking"]]
+    commands = [engine.sweep_command(group) for group in groups]
+    assert "model.pos_encoding=none" not in commands[0] and "model.pos_encoding=none" in commands[1]
+    recorded = OmegaConf.load(cells["stickbreaking"].directory / ".hydra" / "config.yaml")
+    assert recorded.model.pos_encoding == "none"
+
+
+def test_the_table_renders_again_from_its_csvs(smoke: dict, tmp_path: Path) -> None:
+    """``make reproduce-variants RENDER=1``: the Markdown (costs from costs.csv, not timed again) and effects.png."""
+    shutil.copytree(smoke["results"], tmp_path, dirs_exist_ok=True)
+    (tmp_path / "effects.png").unlink()
+    markdown = render(variants_table(), "smoke", results_dir=tmp_path, root=ROOT)
+    assert markdown == smoke["markdown"] and (tmp_path / "effects.png").is_file()
+    engine = Engine(variants_table(), "smoke", root=ROOT, runs_dir=Path("/unused"))
+    figure = TableResults(variants_table(), "smoke", tmp_path, engine.row_sizes()).effects_figure()
+    titles = [ax.get_title() for ax in figure.axes if ax.get_visible()]
+    assert titles == [*COLUMNS, "parameters added", "step time"] and colliding_text(figure) == []
+    assert "table variants, smoke scale" in figure.get_suptitle() and "our tiny, 30,176 params" in figure.get_suptitle()
+    (tmp_path / "costs.csv").unlink()
+    with pytest.raises(ConfigError, match=r"render_only: .*no committed costs\.csv"):
+        render(variants_table(), "smoke", results_dir=tmp_path, root=ROOT)
+
+
+def test_every_variant_builds_at_cpu_scale() -> None:
+    """Each cpu cell's model is built (diff's even heads, fox's and stick-breaking's position encodings), so no
+    variant stops the hours-long run halfway; the four shared with the outliers and gating tables are their cells."""
+    table = variants_table()
+    table["scales"]["cpu"]["seeds"] = [1]
+    engine = Engine(table, "cpu", root=ROOT, runs_dir=Path("/unused"))
+    cells = engine.cells()
+    assert [c.attention for c in cells] == table["variants"] and len(cells) == 16
+    for cell in cells:
+        assert config_parameters(*model_parts(engine.compose(list(cell.overrides)))) > 0, cell
+    outliers = Engine(
+        load_table("outliers", ROOT) | {"scales": table["scales"]}, "cpu", root=ROOT, runs_dir=Path("/unused")
+    )
+    assert {c.directory for c in outliers.cells()} <= {c.directory for c in cells}
+
+
+def test_the_costs_section_says_how_it_was_timed_and_reads_as_ratios() -> None:
+    place = {"stage": "pretrain", "row": "from scratch", "rounds": 10, "device": "cpu", "threads": 2}
+    costs = pd.DataFrame(
+        [
+            place
+            | {"attention": "vanilla", "parameters": 30_176, "parameters_added": 0, "parameters_added_pct": 0.0}
+            | {"step_ms": 100.0, "step_ratio": 1.0, "step_ratio_q1": 0.98, "step_ratio_q3": 1.03}
+            | {"measured": "2026-11-26"},
+            place
+            | {"attention": "fox", "parameters": 30_242, "parameters_added": 66, "parameters_added_pct": 0.2187}
+            | {"step_ms": 150.0, "step_ratio": 1.5, "step_ratio_q1": 1.45, "step_ratio_q3": 1.6}
+            | {"measured": "2026-11-26"},
+        ]
+    )
+    section = costs_section(costs, {"baseline": "vanilla", "paper_variant_names": {"fox": "FoX"}})
+    assert section.startswith("## What each variant costs beside vanilla")
+    assert "over 10 rounds" in section and "on cpu with 2 threads, 2026-11-26" in section
+    (fox,) = [line for line in section.splitlines() if "fox (FoX)" in line]
+    assert [c.strip() for c in fox.split("|")][4:8] == ["30242", "+66 (+0.22%)", "150.0", "1.50 [1.45, 1.60]"]
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ({"variant_overrides": {"stick": ["model.pos_encoding=none"]}}, r"table\.variant_overrides\.stick"),
+        (
+            {"variant_overrides": {"stickbreaking": "model.pos_encoding=none"}},
+            r"table\.variant_overrides\.stickbreaking",
+        ),
+    ],
+)
+def test_a_bad_variant_override_is_one_line_naming_the_key(change: dict, key: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^{key}: a list of train.py overrides for one of vanilla, "):
+        Engine(variants_table() | change, "smoke", root=ROOT, runs_dir=Path("/unused"))
+
+
+@pytest.mark.parametrize("rounds", [0, 2.5])
+def test_bad_cost_rounds_stop_the_table_before_any_training(rounds: float) -> None:
+    table = variants_table()
+    table["scales"]["smoke"]["costs"] = {"rounds": rounds}
+    with pytest.raises(
+        ConfigError, match=rf"^table\.scales\.smoke\.costs\.rounds: a whole number >= 1 \(got {rounds}\)"
+    ):
+        Engine(table, "smoke", root=ROOT, runs_dir=Path("/unused"))
+
+
+def test_a_cached_evaluation_from_before_a_headline_existed_is_evaluated_again() -> None:
+    """The outliers and gating tables' cells were evaluated before the sinks metric had the attention entropy."""
+    today = {"first_token_share": 0.1, "sink_share": 0.1, "max_activation": 1.0}
+    today |= {"attention_entropy": 2.0, "attention_entropy_normalized": 0.9}
+    assert not predates_headlines({"analysis": {"summary": today, "sinks": {}}})
+    before = {k: v for k, v in today.items() if not k.startswith("attention_entropy")}
+    assert predates_headlines({"analysis": {"summary": before, "sinks": {}}})
+    assert not predates_headlines({"analysis": {"summary": before}})  # the sinks metric did not run: nothing missing
+    assert not predates_headlines({"summary": {"heldout_word_ppl": 30.0}})  # a suite without analysis
