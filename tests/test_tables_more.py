@@ -16,7 +16,7 @@ from attnlab.tables.engine import Engine
 
 ROOT = Path(__file__).resolve().parents[1]
 ABLATIONS = ["table5", "table6", "table7", "table8"]
-FROM_SCRATCH = ["outliers", "gating", "pruning"]
+FROM_SCRATCH = ["outliers", "gating", "pruning", "variants"]
 
 
 def cells(name: str, scale: str = "smoke", runs_dir: Path = Path("/unused")) -> dict:
