@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import json
 import logging
 import math
 import shutil
@@ -24,7 +23,8 @@ from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from attnlab.data.corpus import CORPUS_VERSION, wiki_sample_documents
+from attnlab.data.corpus import CORPUS_VERSION, wiki_sample_documents, write_once
+from attnlab.data.registry import registry_corpus_file
 from attnlab.data.tokenizer import eos_token_id, load_pretrained_tokenizer, train_bpe_tokenizer
 from attnlab.defaults import CACHE_DIR, DATA_SEED
 from attnlab.digest import digest
@@ -33,7 +33,7 @@ from attnlab.hub import use_cache_only_if_offline
 
 log = logging.getLogger(__name__)
 
-SOURCES = ("wiki_sample", "files", "hub")
+SOURCES = ("wiki_sample", "registry", "files", "hub")
 SEPARATORS = ("eos", "none")  # what goes between rows: WikiText rows are lines that carry their own newline
 CACHE_VERSION = 2  # bump when the packing format changes (2: uint16 ids where the vocabulary fits, tokenizer.json)
 
@@ -196,6 +196,8 @@ class TextDataModule(L.LightningDataModule):
     def _documents(self) -> tuple[Dataset | IterableDataset, Dataset | IterableDataset]:
         if self.source == "wiki_sample":
             raw = load_dataset("json", data_files=str(self._wiki_sample_file()), split="train")
+        elif self.source == "registry":
+            raw = load_dataset("json", data_files=str(registry_corpus_file(self.cache_dir)), split="train")
         elif self.source == "files":
             raw = load_dataset("text", data_files=self._resolve_files(), sample_by="paragraph", split="train")
         else:
@@ -210,13 +212,7 @@ class TextDataModule(L.LightningDataModule):
         target = self.cache_dir / "corpus" / f"wiki_sample-v{CORPUS_VERSION}.jsonl"
         if not target.exists():
             log.info("Preparing the embedded Wikipedia corpus (once) -> %s", target)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_suffix(".tmp")
-            with tmp.open("w") as fh:
-                for doc in wiki_sample_documents():
-                    fh.write(json.dumps(doc) + "\n")
-            tmp.replace(target)
-        return target
+        return write_once(target, wiki_sample_documents())
 
     def _resolve_files(self) -> list[str]:
         if not self.files:
