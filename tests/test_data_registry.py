@@ -89,13 +89,13 @@ Abdication \\Ab`di*ca"tion\\, n. [L. abdicatio.]
    {PROSE}
    [1913 Webster]
 
-Abdicator \\Ab"di*ca`tor\\, n.
+Abdicator \\Ab"di*ca`tor\\ ([a^]b"d[i^]*k[=a]`t[~e]r), n.
    One who abdicates a throne or a high office, and who lives on afterwards.
    [1913 Webster]
 
 Zebra \\Ze"bra\\, n.
-   1. (Zool.) An African wild animal of the horse family, marked with black stripes.
-      [1913 Webster]
+   1. (Zool.) An African wild animal of the horse family, marked with black stripes, seen by the caf[e'] owner
+      in the [ae]ther. See {{Horse}}. [Obs.] [1913 Webster +PJC]
 
    2. A second sense of the word, written out in plain words for the test here.
       [PJC]
@@ -179,8 +179,8 @@ def test_gcide_groups_entries_by_headword_and_drops_pronunciations_and_citations
         f"Abdication, n. [L. abdicatio.] {PROSE}",
         "Abdicator, n. One who abdicates a throne or a high office, and who lives on afterwards.",
     ]
-    assert "(Zool.) An African wild animal" in docs["gcide ze"] and "A second sense" in docs["gcide ze"]
-    for gone in ("[1913 Webster]", "[PJC]", "\\Ab`", "database"):
+    assert "stripes, seen by the cafe owner in the aether. See Horse. [Obs.]\n2. A second sense" in docs["gcide ze"]
+    for gone in ("Webster", "PJC", "\\Ab`", "[a^]", "database"):
         assert gone not in "".join(docs.values()), gone
 
 

@@ -32,7 +32,7 @@ from attnlab.data.corpus import write_once
 from attnlab.defaults import CACHE_DIR
 from attnlab.errors import ConfigError
 
-REGISTRY_CORPUS_VERSION = 1  # bump when the extraction changes, so cached copies of the corpus are rebuilt
+REGISTRY_CORPUS_VERSION = 2  # bump when the extraction changes, so cached copies of the corpus are rebuilt
 _MIN_PARAGRAPH_WORDS = 6
 _MIN_WORD_SHARE = 0.7  # a paragraph is prose when this share of its tokens are plain words
 _WORD = re.compile(r"^[(\"'“‘]*[A-Za-z][A-Za-z'’-]*[.,;:!?)\"'”’]*$")
@@ -334,7 +334,21 @@ def man_page_documents(root: Path) -> Iterator[tuple[str, str]]:
 # ---------------------------------------------------------------- GCIDE (Webster's 1913 and supplements)
 _GCIDE_ENTRY = re.compile(r"\n\s*\n(?=\S)")
 _GCIDE_PRONUNCIATION = re.compile(r"\s\\[^\\\n]+\\")
-_GCIDE_CITATION = re.compile(r"^\s*\[[^\]]*\]\s*$", re.MULTILINE)  # [1913 Webster], [PJC], ...
+# the second spelling of a pronunciation, "([.a]*b[a^]s\"[i^]*n[=a]t)": parentheses with accent or syllable marks
+_GCIDE_RESPELLING = re.compile(r"\s\((?=[^()\n]*(?:\*|\"|\[[^\]]{1,4}\]))[^()\n]*\)")
+_GCIDE_CITATION = re.compile(r"\s*\[[^\]]*(?:Webster|WordNet|PJC|RHUD|Century)[^\]]*\]")  # [1913 Webster], ...
+# letters with diacritics in the dictionary's ASCII codes ([=a], [i^], [e'], [ae], [imac], [eth]) -> plain letters
+_GCIDE_LETTER = re.compile(
+    r"\[(?:[=~'\"`.-]([a-zA-Z])|([a-zA-Z])[\^~'`]|(ae|oe|AE|OE)|([a-z])(?:mac|um|cr|ced)|(th)orn|e(th))\]"
+)
+_GCIDE_SYMBOL = re.compile(r"\[(?:root|\?)\]|[{}]")  # etymological roots, unreadable glyphs, {cross-references}
+
+
+def _gcide_clean(entry: str) -> str:
+    entry = _GCIDE_PRONUNCIATION.sub("", entry, count=1)
+    entry = _GCIDE_CITATION.sub("", _GCIDE_RESPELLING.sub("", entry))
+    entry = _GCIDE_LETTER.sub(lambda m: next(g for g in m.groups() if g), entry)
+    return _GCIDE_SYMBOL.sub("", entry)
 
 
 def gcide_documents(root: Path) -> Iterator[tuple[str, str]]:
@@ -346,7 +360,7 @@ def gcide_documents(root: Path) -> Iterator[tuple[str, str]]:
             headword = entry.split("\\", 1)[0].strip().lower()
             if not headword or headword.startswith("00-database") or not headword[0].isalpha():
                 continue
-            entry = _GCIDE_CITATION.sub("", _GCIDE_PRONUNCIATION.sub("", entry, count=1))
+            entry = _gcide_clean(entry)
             senses = re.split(r"\n\s*\n|\n\s+(?=\d+\.\s)", entry)
             groups.setdefault(re.sub(r"[^a-z]", "", headword)[:2] or headword[0], []).extend(senses)
     for prefix in sorted(groups):
