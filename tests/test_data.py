@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
 from itertools import chain
 from pathlib import Path
 
 import numpy as np
 import pytest
+from datasets import load_from_disk
 from hydra.utils import instantiate
 
 import attnlab.data.datamodule as datamodule_module
@@ -99,6 +101,24 @@ def test_unigram_baseline_matches_direct_computation(text_file: Path, tmp_path: 
     targets = dm.val_dataset[:]["input_ids"][:, 1:].reshape(-1).numpy()
     expected = np.exp(-np.log(counts[targets] / counts.sum()).mean())
     assert dm.unigram_perplexity() == pytest.approx(expected, rel=1e-9)
+
+
+def test_packed_folder_trains_without_documents_and_stores_uint16(text_file: Path, tmp_path: Path) -> None:
+    built = files_module(text_file, tmp_path / "cache")
+    built.prepare_data()
+    [folder] = (tmp_path / "cache" / "packed").iterdir()
+    assert load_from_disk(str(folder / "blocks"))["train"].features["input_ids"].feature.dtype == "uint16"
+    carried = shutil.copytree(folder, tmp_path / "elsewhere" / "packed")
+    text_file.unlink()  # no documents on the other machine
+    dm = files_module(text_file, tmp_path / "empty", packed_dir=str(carried))
+    dm.prepare_data()
+    assert dm.reused_cache and dm.vocab_size == built.vocab_size
+    assert dm.train_dataset[:]["input_ids"].equal(built.train_dataset[:]["input_ids"])
+    assert dm.unigram_perplexity() == pytest.approx(built.unigram_perplexity())
+    with pytest.raises(ConfigError, match=r"blocks of 16 tokens, but data\.block_size is 8"):
+        files_module(text_file, tmp_path / "empty", packed_dir=str(carried), block_size=8).prepare_data()
+    with pytest.raises(ConfigError, match="is not a packed cache folder"):
+        files_module(text_file, tmp_path / "empty", packed_dir=str(tmp_path)).prepare_data()
 
 
 def test_embedded_corpus_is_clean_real_text(data_cache: Path) -> None:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import bz2
 import contextlib
+import json
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import mwparserfromhell
@@ -85,3 +86,16 @@ def wiki_sample_documents(dump: Path | None = None) -> Iterator[dict[str, str]]:
         text = clean_wikitext(wikitext)
         if text:
             yield {"title": title, "text": text}
+
+
+def write_once(target: Path, documents: Iterable[dict[str, str]]) -> Path:
+    """Write documents as JSON lines to ``target`` unless it exists; a build cut short leaves only a ``.tmp``, so a
+    half-written corpus is never taken for a finished one."""
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(".tmp")
+        with tmp.open("w") as fh:
+            for doc in documents:
+                fh.write(json.dumps(doc) + "\n")
+        tmp.replace(target)
+    return target

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import json
 import logging
 import math
 import shutil
@@ -24,7 +23,8 @@ from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from attnlab.data.corpus import CORPUS_VERSION, wiki_sample_documents
+from attnlab.data.corpus import CORPUS_VERSION, wiki_sample_documents, write_once
+from attnlab.data.registry import registry_corpus_file
 from attnlab.data.tokenizer import eos_token_id, load_pretrained_tokenizer, train_bpe_tokenizer
 from attnlab.defaults import CACHE_DIR, DATA_SEED
 from attnlab.digest import digest
@@ -33,9 +33,9 @@ from attnlab.hub import use_cache_only_if_offline
 
 log = logging.getLogger(__name__)
 
-SOURCES = ("wiki_sample", "files", "hub")
+SOURCES = ("wiki_sample", "registry", "files", "hub")
 SEPARATORS = ("eos", "none")  # what goes between rows: WikiText rows are lines that carry their own newline
-CACHE_VERSION = 1  # bump when the packing format changes
+CACHE_VERSION = 2  # bump when the packing format changes (2: uint16 ids where the vocabulary fits, tokenizer.json)
 
 
 class TextDataModule(L.LightningDataModule):
@@ -70,6 +70,7 @@ class TextDataModule(L.LightningDataModule):
         seed: int = DATA_SEED,
         shuffle_seed: int | None = None,
         cache_dir: str = CACHE_DIR,
+        packed_dir: str | None = None,
     ) -> None:
         super().__init__()
         require_choice(source, SOURCES, "data.source")
@@ -90,6 +91,7 @@ class TextDataModule(L.LightningDataModule):
         # the split and tokenizer follow ``seed``; the batch order follows ``shuffle_seed`` (the run's seed)
         self.shuffle_seed = seed if shuffle_seed is None else shuffle_seed
         self.cache_dir = Path(cache_dir)
+        self.packed_dir = Path(packed_dir) if packed_dir else None
         self.tokenizer: Tokenizer | None = None
         self.train_dataset: Dataset | IterableDataset | None = None
         self.val_dataset: Dataset | IterableDataset | None = None
@@ -179,6 +181,9 @@ class TextDataModule(L.LightningDataModule):
         """Load, tokenize and pack once per process; the disk cache is shared between runs and ranks."""
         if self.train_dataset is not None:
             return
+        if self.packed_dir is not None:
+            self._load_packed_dir(self.packed_dir)
+            return
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         with FileLock(str(self.cache_dir / "prepare.lock")):
             train_docs, val_docs = self._documents()
@@ -191,6 +196,8 @@ class TextDataModule(L.LightningDataModule):
     def _documents(self) -> tuple[Dataset | IterableDataset, Dataset | IterableDataset]:
         if self.source == "wiki_sample":
             raw = load_dataset("json", data_files=str(self._wiki_sample_file()), split="train")
+        elif self.source == "registry":
+            raw = load_dataset("json", data_files=str(registry_corpus_file(self.cache_dir)), split="train")
         elif self.source == "files":
             raw = load_dataset("text", data_files=self._resolve_files(), sample_by="paragraph", split="train")
         else:
@@ -205,13 +212,7 @@ class TextDataModule(L.LightningDataModule):
         target = self.cache_dir / "corpus" / f"wiki_sample-v{CORPUS_VERSION}.jsonl"
         if not target.exists():
             log.info("Preparing the embedded Wikipedia corpus (once) -> %s", target)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_suffix(".tmp")
-            with tmp.open("w") as fh:
-                for doc in wiki_sample_documents():
-                    fh.write(json.dumps(doc) + "\n")
-            tmp.replace(target)
-        return target
+        return write_once(target, wiki_sample_documents())
 
     def _resolve_files(self) -> list[str]:
         if not self.files:
@@ -293,7 +294,9 @@ class TextDataModule(L.LightningDataModule):
 
         columns = docs.column_names
         tokens = docs.map(tokenize, batched=True, input_columns=self.text_field, remove_columns=columns, **map_kwargs)
-        features = Features({"input_ids": Sequence(Value("int32"))})
+        # uint16 where the vocabulary fits halves the cache (formatted as int64 tensors either way)
+        dtype = "uint16" if tokenizer.get_vocab_size() <= 2**16 else "int32"
+        features = Features({"input_ids": Sequence(Value(dtype))})
         return tokens.map(
             pack, batched=True, input_columns="ids", remove_columns="ids", features=features, **map_kwargs
         )
@@ -329,13 +332,36 @@ class TextDataModule(L.LightningDataModule):
                     )
             packed.save_to_disk(str(build / "blocks"))
             np.save(build / "token_counts.npy", _count_tokens(packed["train"], self.tokenizer.get_vocab_size()))
+            self.tokenizer.save(str(build / "tokenizer.json"))  # so the folder alone can train (data.packed_dir)
             shutil.rmtree(target, ignore_errors=True)
             build.rename(target)
         else:
             log.info("Reusing packed %s from %s", self.name, target)
+        self._load_blocks(target)
+
+    def _load_blocks(self, target: Path) -> None:
         packed = load_from_disk(str(target / "blocks")).with_format("torch")
         self.train_dataset, self.val_dataset = packed["train"], packed["validation"]
         self.token_counts = np.load(target / "token_counts.npy")
+
+    def _load_packed_dir(self, target: Path) -> None:
+        """Train from a packed cache folder carried from another machine, without its documents (a GPU machine
+        with no network): blocks, token counts and the tokenizer are all in it."""
+        missing = [name for name in ("blocks", "token_counts.npy", "tokenizer.json") if not (target / name).exists()]
+        if missing:
+            raise ConfigError(
+                "data.packed_dir", f"{target} is not a packed cache folder (no {', '.join(missing)}); use a folder "
+                f"under {self.cache_dir / 'packed'} written by a run with the same data option"
+            )  # fmt: skip
+        self.tokenizer = Tokenizer.from_file(str(target / "tokenizer.json"))
+        self._load_blocks(target)
+        width = len(self.train_dataset[0]["input_ids"])
+        if width != self.block_size + 1:
+            raise ConfigError(
+                "data.packed_dir",
+                f"{target} holds blocks of {width - 1} tokens, but data.block_size is {self.block_size}",
+            )
+        self.reused_cache = True
 
     def _prepare_streaming(self, train_docs: IterableDataset, val_docs: IterableDataset) -> None:
         shuffled = train_docs.shuffle(seed=self.shuffle_seed, buffer_size=self.shuffle_buffer)
