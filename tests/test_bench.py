@@ -244,6 +244,7 @@ def test_variants_that_refuse_the_position_encoding_are_timed_against_vanilla_wi
     assert "as they refuse this shape's position encoding: stickbreaking." in out.read_text()
 
 
+@pytest.mark.slow  # ~40-100 s on 2 cores: a model's training step per backend
 def test_kernels_section_times_every_backend_a_variant_takes_beside_vanilla_sdpa(tmp_path: Path) -> None:
     """On the CPU: cores forward-only for every backend, the training step only where it can train (not flex)."""
     out = tmp_path / "kernels.md"
