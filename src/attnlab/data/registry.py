@@ -22,7 +22,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
@@ -104,7 +104,7 @@ def rst_paragraphs(text: str) -> Iterator[str]:
         if not line.strip():
             if block:
                 literal_next = block[-1].rstrip().endswith("::")
-                yield _rst_inline(" ".join(block))
+                yield _rewrite(" ".join(block), _RST_INLINE)
                 block = []
             continue
         if literal_next:
@@ -115,7 +115,7 @@ def rst_paragraphs(text: str) -> Iterator[str]:
         directive, comment = _RST_DIRECTIVE.match(line), _RST_COMMENT.match(line)
         if directive or comment:
             if block:
-                yield _rst_inline(" ".join(block))
+                yield _rewrite(" ".join(block), _RST_INLINE)
                 block = []
             name = directive.group(2) if directive else None
             if name is None or name.split(":")[-1] in _RST_SKIP_BODY:
@@ -123,18 +123,19 @@ def rst_paragraphs(text: str) -> Iterator[str]:
             continue
         if _RST_ADORNMENT.match(line) or _RST_TABLE.match(line):
             if block:
-                yield _rst_inline(" ".join(block))
+                yield _rewrite(" ".join(block), _RST_INLINE)
                 block = []
             continue
         block.append(line.strip())
     if block:
-        yield _rst_inline(" ".join(block))
+        yield _rewrite(" ".join(block), _RST_INLINE)
 
 
-def _rst_inline(paragraph: str) -> str:
-    for pattern, replacement in _RST_INLINE:
-        paragraph = pattern.sub(replacement, paragraph)
-    return paragraph
+def _rewrite(text: str, rules: Sequence[tuple[re.Pattern[str], str]]) -> str:
+    """``text`` with each rule's pattern replaced in turn (a format's inline markup, escapes)."""
+    for pattern, replacement in rules:
+        text = pattern.sub(replacement, text)
+    return text
 
 
 def linux_doc_documents(root: Path) -> Iterator[tuple[str, str]]:
@@ -297,7 +298,7 @@ def roff_paragraphs(text: str) -> Iterator[str]:
             if macro in (".nf", ".EX", ".TS", ".EQ"):
                 skip_until = {".nf": ".fi", ".EX": ".EE", ".TS": ".TE", ".EQ": ".EN"}[macro]
             if macro in _ROFF_BREAK_MACROS and block:
-                yield _roff_escapes(" ".join(block))
+                yield _rewrite(" ".join(block), _ROFF_ESCAPES)
                 block = []
             if macro in _ROFF_TEXT_MACROS and args:
                 block.append(_roff_args(args, alternating=len(macro) == 3))
@@ -305,22 +306,16 @@ def roff_paragraphs(text: str) -> Iterator[str]:
         if line.strip():
             block.append(line)
         elif block:
-            yield _roff_escapes(" ".join(block))
+            yield _rewrite(" ".join(block), _ROFF_ESCAPES)
             block = []
     if block:
-        yield _roff_escapes(" ".join(block))
+        yield _rewrite(" ".join(block), _ROFF_ESCAPES)
 
 
 def _roff_args(args: str, alternating: bool) -> str:
     """A macro's arguments as text: the alternating-font ones (``.BR name (2)``) join them without spaces."""
     words = [quoted or bare for quoted, bare in re.findall(r'"([^"]*)"|(\S+)', args)]
     return ("" if alternating else " ").join(words)
-
-
-def _roff_escapes(text: str) -> str:
-    for pattern, replacement in _ROFF_ESCAPES:
-        text = pattern.sub(replacement, text)
-    return text
 
 
 def man_page_documents(root: Path) -> Iterator[tuple[str, str]]:
