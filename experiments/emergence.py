@@ -94,20 +94,21 @@ def setup(runs: list[Path]) -> dict[str, str | int]:
     # only these parts: others interpolate Hydra's run-time values
     parts = ("model", "attention", "data", "optim")
     cfg = {key: OmegaConf.to_container(loaded[key], resolve=True) for key in parts if key in loaded}
-    cfg["trainer"] = {"accumulate_grad_batches": (loaded.get("trainer") or {}).get("accumulate_grad_batches")}
     model, data = cfg["model"], cfg["data"]
     parameters = config_parameters(model, cfg["attention"], data.get("tokenizer_vocab_size"))
     size = (
         f"our {model['name']}: {model['n_layer']} layers x {model['n_embd']} wide, {model['n_head']} heads, "
         f"{parameters_label(parameters)}"
     )
-    accumulate = (cfg.get("trainer") or {}).get("accumulate_grad_batches") or 1
+    accumulate = (loaded.get("trainer") or {}).get("accumulate_grad_batches") or 1
     tokens = data.get("batch_size", 0) * data.get("block_size", 0) * accumulate
     optim = cfg.get("optim") or {}
-    schedule = f"{optim.get('schedule', '?')} after {optim.get('warmup_steps', '?')} warmup steps"
-    return {"model": size, "tokens_per_step": tokens, "corpus": data.get("name", "?")} | {
+    return {
+        "model": size,
+        "tokens_per_step": tokens,
+        "corpus": data.get("name", "?"),
         "lr": optim.get("lr"),
-        "schedule": schedule,
+        "schedule": f"{optim.get('schedule', '?')} after {optim.get('warmup_steps', '?')} warmup steps",
     }
 
 

@@ -99,7 +99,8 @@ def benchmark_kernels(
         model = build_gpt(step_shape.model_config(), {"name": name, "backend": backend}).to(device)
         step = training_step(model, tokens, device.type == "cuda", fused_adamw=device.type == "cuda")
         # FlopCounterMode cannot run flex's eager path (torch 2.11 on an H100, 2026-11-26: "no implementation found
-        # for 'torch.ops.higher_order.flex_attention'"); flex computes the same products, so it takes the variant's
+        # for 'torch.ops.higher_order.flex_attention'"); flex computes the same products, so it takes the count
+        # made on the variant's own path
         flops = counted.get(name) if backend == "flex" else counted.setdefault(name, count_flops(step))
         steps.append(Contender(f"{name}|{backend}", step, flops=flops, peak_bytes=peak_memory(step, device)))
     timings = time_round_robin(steps, rounds, warmup=1, progress=progress)
