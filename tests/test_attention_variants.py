@@ -16,7 +16,7 @@ from attnlab.attention.variants.gated_sdpa import Gate
 from attnlab.attention.variants.ssa import SelectiveTemperature
 from attnlab.errors import ConfigError
 from attnlab.models.config import ModelConfig
-from attnlab.models.gpt import GPT
+from attnlab.models.gpt import GPT, document_ids
 
 VOCAB = 61
 # Every registered name, plus overrides reaching the options no preset uses.
@@ -417,3 +417,44 @@ def test_token_temperature_formula(parameterisation: str, share_across_heads: bo
             f = phi[:, None, :] * t.beta[:, None]
         torch.testing.assert_close(new, old * (1 + torch.tanh(f)).unsqueeze(-1).expand_as(old))
     assert new_v is v
+
+
+def test_document_ids_count_the_separators_before_each_token() -> None:
+    idx = torch.tensor([[5, 0, 3, 0, 0, 7], [0, 1, 2, 3, 4, 5]])
+    assert document_ids(idx, separator=0).tolist() == [[0, 0, 1, 1, 2, 3], [0, 1, 1, 1, 1, 1]]
+
+
+# every config on SDPA's path; each registered variant also on flex (ALiBi's bias too) and the reference path
+DOCUMENT_CASES = [(c, "learned", "sdpa") for c in CONFIGS]
+DOCUMENT_CASES += [
+    ({"name": n}, pos, b) for n in available_attention() for pos, b in [("alibi", "flex"), ("rotary", "reference")]
+]
+
+
+@pytest.mark.parametrize(
+    ("attention", "pos", "backend"), DOCUMENT_CASES, ids=[f"{c['name']}-{p}-{b}" for c, p, b in DOCUMENT_CASES]
+)
+def test_document_mask_keeps_the_documents_of_a_block_apart(attention: dict, pos: str, backend: str) -> None:
+    """data.document_mask: a token attends to its own document of a packed block only, on every backend. Changing
+    the first document changes nothing after its separator, though the mask changes what comes after it (it is in
+    effect); the backend agrees with SDPA's path; a block of one document is the plain causal forward."""
+    if backend not in resolve_options({**attention, "backend": backend})[0].backends():
+        pytest.skip(f"{attention['name']} has no {backend} path")
+    model, sdpa = (build({**attention, "backend": name}, tiny_config(pos, 2)) for name in (backend, "sdpa"))
+    separator, idx = 0, tokens(20) % (VOCAB - 1) + 1
+    idx[:, 7], idx[1, 12] = separator, separator
+    changed = idx.clone()
+    changed[:, :7] = (changed[:, :7] + 3) % (VOCAB - 1) + 1
+    with torch.no_grad():  # (flex has no backward on the CPU)
+        masked, changed_masked = (model(x, documents=document_ids(x, separator)) for x in (idx, changed))
+        torch.testing.assert_close(changed_masked[:, 8:], masked[:, 8:], atol=1e-6, rtol=0)
+        assert (model(idx)[:, 8:] - masked[:, 8:]).abs().max() > 1e-4
+        torch.testing.assert_close(masked, sdpa(idx, documents=document_ids(idx, separator)), atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(model(idx, documents=torch.zeros_like(idx)), model(idx), atol=2e-5, rtol=1e-5)
+
+
+def test_document_mask_refuses_a_kv_cache() -> None:
+    model = build({"name": "vanilla"}, tiny_config())
+    idx = tokens(8)
+    with pytest.raises(ValueError, match="no KV cache"):
+        model(idx, 0, model.new_cache(), documents=torch.zeros_like(idx))

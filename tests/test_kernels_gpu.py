@@ -14,7 +14,7 @@ import torch
 
 from attnlab.attention import AttentionContext, AttentionShape, build_variant
 from attnlab.models import build_gpt
-from attnlab.models.gpt import alibi_slopes
+from attnlab.models.gpt import alibi_slopes, document_ids
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -87,18 +87,22 @@ def test_two_pass_clipped_softmax_memory_is_linear_in_t() -> None:
     assert peaks[1] < 1024, peaks
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["one-document", "document-mask"])
 @pytest.mark.parametrize("name", ["vanilla", "clipped_softmax"])
-def test_a_model_on_flex_takes_the_same_training_step_as_on_its_exact_path(name: str) -> None:
-    """A whole GPT, fp32: the loss and every parameter's gradient equal the sdpa backend's (ALiBi: flex's bias)."""
+def test_a_model_on_flex_takes_the_same_training_step_as_on_its_exact_path(name: str, packed: bool) -> None:
+    """A whole GPT, fp32: the loss and every parameter's gradient equal the sdpa backend's (ALiBi: flex's bias;
+    packed: three documents in each block under document masking, flex's per-batch block mask)."""
     model = {"n_layer": 2, "n_head": 4, "n_embd": 128, "vocab_size": 256, "block_size": 256, "pos_encoding": "alibi"}
     torch.manual_seed(0)
     flex = build_gpt(model, {"name": name, "backend": "flex"}).to(CUDA)
     exact = build_gpt(model, {"name": name}).to(CUDA)
     exact.load_state_dict(flex.state_dict())
-    tokens = torch.randint(0, 256, (2, 257), device=CUDA)
+    tokens = torch.randint(1, 256, (2, 257), device=CUDA)
+    tokens[:, 60], tokens[0, 150], tokens[1, 200] = 0, 0, 0
+    documents = document_ids(tokens[:, :-1], separator=0) if packed else None
     losses = []
     for gpt in (flex, exact):
-        logits = gpt(tokens[:, :-1])
+        logits = gpt(tokens[:, :-1], documents=documents)
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
         loss.backward()
         losses.append(loss)

@@ -113,6 +113,45 @@ def test_compiled_training_saves_the_eager_models_checkpoint(make_config, tmp_pa
     assert load_checkpoint(compiled["last_checkpoint"]).global_step == 4
 
 
+def test_fused_loss_trains_as_the_full_logits_do(make_config, tmp_path: Path) -> None:
+    """fused_loss=true (the head and the cross-entropy in chunks, no full logits; a padded head here, whose extra
+    rows must not reach the loss) trains the same model as the plain loss, up to the summation order."""
+    common = [*QUIET, "trainer.max_steps=3", "trainer.val_check_interval=3", "trainer.limit_val_batches=2"]
+    common.append("model.padded_vocab_size=600")  # 640 rows for the tokenizer's 512
+    plain = run(make_config(common, tmp_path / "plain"))
+    fused = run(make_config([*common, "fused_loss=true"], tmp_path / "fused"))
+    assert fused["val_loss"] == pytest.approx(plain["val_loss"], rel=1e-5)
+
+
+def test_document_mask_trains_each_document_on_its_own(make_config, tmp_path: Path) -> None:
+    """data.document_mask=true: the checkpoint records the separator, and the module rebuilt from it computes the
+    loss of a packed block as the model does with the block's document ids, which differs from the unmasked loss."""
+    import torch
+
+    from attnlab.data.tokenizer import eos_token_id
+    from attnlab.models.gpt import document_ids
+    from attnlab.nn_utils import next_token_loss
+    from attnlab.runs import load_checkpoint
+    from attnlab.training.module import LanguageModel
+
+    overrides = [*QUIET, "trainer.max_steps=2", "trainer.limit_val_batches=2", "data.document_mask=true"]
+    results = run(make_config(overrides, tmp_path / "run"))
+    saved = load_checkpoint(results["last_checkpoint"])
+    separator = eos_token_id(saved.tokenizer)
+    assert saved.spec["document_separator"] == separator
+    module = LanguageModel.load_from_checkpoint(results["last_checkpoint"]).eval()
+    assert module.document_separator == separator
+    vocab = saved.spec["model"]["vocab_size"]
+    tokens = torch.randint(0, vocab, (2, 33), generator=torch.Generator().manual_seed(0))
+    tokens[tokens == separator] = separator + 1
+    tokens[:, 10] = separator
+    with torch.no_grad():
+        loss = module.loss({"input_ids": tokens})
+        documents = document_ids(tokens[:, :-1], separator)
+        assert loss == pytest.approx(next_token_loss(module.model, tokens, documents=documents).item(), rel=1e-6)
+        assert abs(loss - next_token_loss(module.model, tokens)) > 1e-4
+
+
 @pytest.mark.parametrize(
     ("overrides", "key"),
     [
@@ -125,6 +164,8 @@ def test_compiled_training_saves_the_eager_models_checkpoint(make_config, tmp_pa
         (["optim.schedule=linear"], "optim.schedule"),
         (["attention=temp_lookup"], "attention"),  # the synthetic tables' variants: not for language data
         (["compile=yes"], "compile"),
+        (["fused_loss=1"], "fused_loss"),
+        (["data.document_mask=true", "++data.document_separator=none"], "data.document_mask"),
         (["global_batch_tokens=200"], "global_batch_tokens"),  # not a multiple of 4 x 32
         (["global_batch_tokens=256", "trainer.accumulate_grad_batches=2"], "global_batch_tokens"),
     ],

@@ -14,19 +14,22 @@ from torch.utils.checkpoint import checkpoint
 LOSS_CHUNK_TOKENS = 4096  # rows of logits a chunked cross-entropy holds at a time
 
 
-def next_token_loss(model: nn.Module, tokens: Tensor, reduction: str = "mean") -> Tensor:
+def next_token_loss(
+    model: nn.Module, tokens: Tensor, reduction: str = "mean", documents: Tensor | None = None
+) -> Tensor:
     """Cross-entropy of each row's tokens 2..T given the ones before, from (B, T) ids; logits in fp32 so a bf16
-    forward does not round the loss."""
-    logits = model(tokens[:, :-1])
+    forward does not round the loss. ``documents``: the inputs' document ids, for document masking (a ``GPT``)."""
+    logits = model(tokens[:, :-1]) if documents is None else model(tokens[:, :-1], documents=documents)
     return F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten(), reduction=reduction)
 
 
-def fused_next_token_loss(model: nn.Module, tokens: Tensor) -> Tensor:
+def fused_next_token_loss(model: nn.Module, tokens: Tensor, documents: Tensor | None = None) -> Tensor:
     """``next_token_loss`` (mean) without the (B*T, vocab) logits in memory: Liger-Kernel's fused linear +
     cross-entropy where it is installed and the model is on a GPU, else the head and the loss over chunks of
     ``LOSS_CHUNK_TOKENS`` rows, each chunk's logits recomputed in backward (``torch.compile`` fuses each chunk's
-    cast and log-softmax). A padded head's extra rows never reach the loss. ``model``: a ``GPT``."""
-    features = model.features(tokens[:, :-1]).flatten(0, 1)
+    cast and log-softmax). A padded head's extra rows never reach the loss. ``model``: a ``GPT``; ``documents``: as in
+    ``next_token_loss``."""
+    features = model.features(tokens[:, :-1], documents=documents).flatten(0, 1)
     targets, vocab, weight = tokens[:, 1:].flatten(), model.config.vocab_size, model.lm_head.weight
     if features.is_cuda and importlib.util.find_spec("liger_kernel") is not None:
         from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss

@@ -325,8 +325,9 @@ def validate_train_config(cfg: DictConfig, check_machine: bool = True) -> OptimS
     check_common(cfg)
     positive_int(cfg.data.get("batch_size"), "data.batch_size")
     check_run_config(cfg, machine=check_machine)
-    compile_flag = cfg.get("compile", False)
-    require(isinstance(compile_flag, bool), "compile", f"must be true or false, got {compile_flag!r}")
+    for flag in ("compile", "fused_loss"):
+        value = cfg.get(flag, False)
+        require(isinstance(value, bool), flag, f"must be true or false, got {value!r}")
     name = OmegaConf.select(cfg, "attention.name")
     if name in SYNTHETIC_ONLY_ATTENTION:
         from attnlab.attention import available_attention

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.attention.flex import FlexMask, causal_block_mask
+from attnlab.attention.flex import FlexMask, causal_block_mask, document_block_mask
 from attnlab.errors import ConfigError, require, require_choice
 
 # sdpa: the variant's own path (the fused SDPA kernel, or its exact chunked math where SDPA cannot run it);
@@ -49,26 +49,35 @@ class AttentionShape:
 
 @dataclass
 class AttentionContext:
-    """Per-forward inputs shared by all layers: absolute positions, position biases, token ids."""
+    """Per-forward inputs shared by all layers: absolute positions, position biases, token ids, document ids."""
 
     positions: Tensor  # (T,) absolute 0-based positions of the queries; n_t = positions + 1
     rope: tuple[Tensor, Tensor] | None = None  # cos, sin for the query positions, (T, rotary_dim)
     alibi_slopes: Tensor | None = None  # (H,) ALiBi slopes; adds -slope * distance to the scores
     token_features: Tensor | None = None  # (B, T) per-token features (standardised log frequency)
     token_ids: Tensor | None = None  # (B, T) token ids, for variants keyed by token (temp_lookup)
+    # (B, T) the document each token belongs to in a packed block (document masking): a query attends only to the
+    # keys of its own document; None: to the whole block
+    documents: Tensor | None = None
     flex_masks: dict[int, FlexMask] = field(default_factory=dict)  # built once per forward, shared by the layers
 
     def flex_mask(self, length: int) -> FlexMask:
-        """The causal block mask and position bias of ``attention.backend=flex`` for one full sequence."""
+        """The causal (or document-causal) block mask and position bias of ``attention.backend=flex``."""
         if length not in self.flex_masks:
-            self.flex_masks[length] = FlexMask(causal_block_mask(length, self.positions.device), self.alibi_slopes)
+            device = self.positions.device
+            if self.documents is None:
+                block_mask = causal_block_mask(length, device)
+            else:
+                block_mask = document_block_mask(self.documents)
+            self.flex_masks[length] = FlexMask(block_mask, self.alibi_slopes)
         return self.flex_masks[length]
 
     def mask(self, t_q: int, t_k: int, dtype: torch.dtype) -> tuple[Tensor | None, bool]:
-        """SDPA's ``(attn_mask, is_causal)``: the fused causal flag where it is exact, else an explicit mask."""
-        if self.alibi_slopes is None and t_q == t_k:
+        """SDPA's ``(attn_mask, is_causal)``: the fused causal flag where it is exact, else an explicit additive mask,
+        (t_q, t_k), (H, t_q, t_k) with ALiBi, and with a leading batch dimension under document masking."""
+        if self.documents is None and self.alibi_slopes is None and t_q == t_k:
             return None, True
-        if self.alibi_slopes is None and t_q == 1:
+        if self.documents is None and self.alibi_slopes is None and t_q == 1:
             return None, False
         device = self.positions.device
         mask = causal_bias(t_q, t_k, device, dtype)
@@ -76,6 +85,9 @@ class AttentionContext:
             query = torch.arange(t_q, device=device)[:, None] + (t_k - t_q)
             distance = (query - torch.arange(t_k, device=device)[None, :]).clamp(min=0).to(dtype)
             mask = mask - self.alibi_slopes.to(dtype)[:, None, None] * distance
+        if self.documents is not None:  # full sequences only (GPT.features refuses a KV cache with documents)
+            other = self.documents[:, :, None] != self.documents[:, None, :]  # (B, T, T)
+            mask = torch.where(other[:, None], float("-inf"), mask if mask.ndim == 3 else mask[None])
         return mask, False
 
 

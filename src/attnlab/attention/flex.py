@@ -45,6 +45,17 @@ def causal_block_mask(length: int, device: torch.device) -> BlockMask:
     return _cached_causal_block_mask(length, device)
 
 
+def document_block_mask(documents: Tensor) -> BlockMask:
+    """Flex's block mask for packed blocks (B, T) of document ids: causal within each document, nothing across them,
+    and the tiles that hold only other documents' keys are skipped, not computed and masked."""
+
+    def same_document(batch: Tensor, _head: Tensor, query: Tensor, key: Tensor) -> Tensor:
+        return (query >= key) & (documents[batch, query] == documents[batch, key])
+
+    batch, length = documents.shape
+    return create_block_mask(same_document, batch, None, length, length, device=documents.device)
+
+
 @cache
 def _compiled_flex_attention() -> Callable[..., object]:
     return torch.compile(flex_attention, dynamic=False)

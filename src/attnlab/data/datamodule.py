@@ -28,7 +28,7 @@ from attnlab.data.registry import registry_corpus_file
 from attnlab.data.tokenizer import eos_token_id, load_pretrained_tokenizer, train_bpe_tokenizer
 from attnlab.defaults import CACHE_DIR, DATA_SEED
 from attnlab.digest import digest
-from attnlab.errors import ConfigError, require_choice
+from attnlab.errors import ConfigError, require, require_choice
 from attnlab.hub import use_cache_only_if_offline
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,7 @@ class TextDataModule(L.LightningDataModule):
         files: list[str] | str | None = None,
         text_field: str = "text",
         document_separator: str = "eos",
+        document_mask: bool = False,
         train_split: str = "train",
         val_split: str | None = None,
         val_fraction: float = 0.05,
@@ -75,13 +76,19 @@ class TextDataModule(L.LightningDataModule):
         super().__init__()
         require_choice(source, SOURCES, "data.source")
         require_choice(document_separator, SEPARATORS, "data.document_separator")
+        require(isinstance(document_mask, bool), "data.document_mask", f"must be true or false, got {document_mask!r}")
+        require(
+            not document_mask or document_separator == "eos",
+            "data.document_mask",
+            "needs data.document_separator=eos: without a token between documents there are no boundaries to mask",
+        )
         if source == "hub" and not path:
             raise ConfigError("data.path", "data.source=hub needs a dataset name, e.g. Salesforce/wikitext")
         if not 0.0 < val_fraction < 1.0 and val_split is None:
             raise ConfigError("data.val_fraction", f"must be in (0, 1), got {val_fraction}")
         self.name, self.source, self.path, self.config_name = name, source, path, config_name
         self.files = [files] if isinstance(files, str) else list(files or [])
-        self.document_separator = document_separator
+        self.document_separator, self.document_mask = document_separator, document_mask
         self.text_field, self.train_split, self.val_split = text_field, train_split, val_split
         self.val_fraction, self.streaming, self.val_max_documents = val_fraction, streaming, val_max_documents
         self.tokenizer_name, self.tokenizer_vocab_size = tokenizer, tokenizer_vocab_size
@@ -104,6 +111,15 @@ class TextDataModule(L.LightningDataModule):
     def vocab_size(self) -> int:
         self.prepare()
         return self.tokenizer.get_vocab_size()
+
+    @property
+    def document_separator_id(self) -> int | None:
+        """The token that ends each document when attention is masked by document (``data.document_mask``), else
+        None: the model's loss turns it into document ids (``attnlab.models.gpt.document_ids``)."""
+        if not self.document_mask:
+            return None
+        self.prepare()
+        return eos_token_id(self.tokenizer)
 
     def training_documents(self) -> Dataset | IterableDataset:
         """The training documents as text rows (W8A8 calibrates on them, as the reference does)."""

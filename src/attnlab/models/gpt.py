@@ -175,7 +175,7 @@ class GPT(nn.Module):
         phi = (log_freq - log_freq.mean()) / log_freq.std().clamp_min(1e-12)
         self.token_log_frequency.copy_(phi.to(self.token_log_frequency.dtype))
 
-    def context(self, idx: Tensor, start_pos: int = 0) -> AttentionContext:
+    def context(self, idx: Tensor, start_pos: int = 0, documents: Tensor | None = None) -> AttentionContext:
         """Positions and per-token features for a forward pass over ``idx`` starting at absolute ``start_pos``."""
         positions = torch.arange(start_pos, start_pos + idx.shape[1], device=idx.device)
         rope = None
@@ -192,29 +192,46 @@ class GPT(nn.Module):
             alibi_slopes=getattr(self, "alibi", None),
             token_features=features,
             token_ids=idx,
+            documents=documents,
         )
 
-    def forward(self, idx: Tensor, start_pos: int | None = None, cache: list[KVCache] | None = None) -> Tensor:
+    def forward(
+        self,
+        idx: Tensor,
+        start_pos: int | None = None,
+        cache: list[KVCache] | None = None,
+        documents: Tensor | None = None,
+    ) -> Tensor:
         """Logits (B, T, vocab_size) for ``idx`` (B, T) whose first token sits at absolute position ``start_pos``
         (default 0); a padded output head's extra logits are sliced away here, so no loss, metric or sampler sees them.
 
         With ``cache`` (one ``KVCache`` per layer) the new tokens attend to the cached ones as well; ``start_pos``
         is then required (a default of 0 would silently place decoded tokens at the start of the sequence).
+        ``documents`` (B, T): document masking of packed blocks (``document_ids``), a query attends to its own
+        document only; positions still count from the block's start, as in Megatron's and torchtitan's packing.
         """
-        return self.head(self.features(idx, start_pos, cache))
+        return self.head(self.features(idx, start_pos, cache, documents))
 
     def head(self, features: Tensor) -> Tensor:
         """The output head on ``features``, its padded rows' logits dropped."""
         logits = self.lm_head(features)
         return logits if self.config.embedding_rows == self.config.vocab_size else logits[..., : self.config.vocab_size]
 
-    def features(self, idx: Tensor, start_pos: int | None = None, cache: list[KVCache] | None = None) -> Tensor:
+    def features(
+        self,
+        idx: Tensor,
+        start_pos: int | None = None,
+        cache: list[KVCache] | None = None,
+        documents: Tensor | None = None,
+    ) -> Tensor:
         """The final normalised hidden states (B, T, d) that the output head reads (a fused loss takes them)."""
         if start_pos is None:
             if cache is not None:
                 raise ValueError("GPT.forward with a KV cache needs start_pos (the absolute position of idx[:, 0])")
             start_pos = 0
-        ctx = self.context(idx, start_pos)
+        if documents is not None and (cache is not None or documents.shape != idx.shape):
+            raise ValueError("GPT.forward's documents mask full packed blocks: one id per token of idx, no KV cache")
+        ctx = self.context(idx, start_pos, documents)
         x = self.wte(idx)
         if self.wpe is not None:
             if start_pos + idx.shape[1] > self.config.block_size:
@@ -326,3 +343,10 @@ def sample_next(
         ordered = ordered.masked_fill(before >= top_p, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, ordered)
     return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(-1)
+
+
+def document_ids(idx: Tensor, separator: int) -> Tensor:
+    """(B, T) the index of the document each token of packed blocks ``idx`` belongs to: the number of ``separator``
+    tokens before it, so a separator closes its document and the token after it opens the next."""
+    ends = (idx == separator).long()
+    return ends.cumsum(dim=1) - ends

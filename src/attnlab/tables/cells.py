@@ -32,6 +32,8 @@ def identity(root: DictConfig) -> dict[str, Any]:
     ident = {key: _resolved(root[key]) for key in IDENTITY_KEYS if key in root}
     if ident.get("model", {}).get("init_from"):
         ident["model"]["init_from"] = start_identity(str(ident["model"]["init_from"]))
+    if not ident.get("data", {}).get("document_mask", True):  # off: cells named before the key existed keep names
+        del ident["data"]["document_mask"]
     if root.get("global_batch_tokens") is not None:  # only when set: cells named before the key existed keep names
         ident["global_batch_tokens"] = root.global_batch_tokens
     trainer = root.get("trainer") or {}

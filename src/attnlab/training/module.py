@@ -15,7 +15,8 @@ from torchmetrics.aggregation import MeanMetric
 
 from attnlab.errors import require
 from attnlab.models import GPT, ModelConfig
-from attnlab.nn_utils import next_token_loss
+from attnlab.models.gpt import document_ids
+from attnlab.nn_utils import fused_next_token_loss, next_token_loss
 from attnlab.runs import MODEL_PREFIX, RECORD_KEY, OptimSpec, check_record_against_weights
 
 
@@ -31,19 +32,25 @@ class LanguageModel(L.LightningModule):
         schedule_steps: int | None = None,
         run_record: dict[str, Any] | None = None,
         compile: bool = False,
+        fused_loss: bool = False,
+        document_separator: int | None = None,
     ) -> None:
         """``schedule_steps``: the schedule's horizon, fixed when the run starts (a resumed run keeps it).
         ``compile``: ``torch.compile`` the forward and the loss as one graph, once the strategy has placed the model.
+        ``fused_loss``: the head and the cross-entropy without the full logits (``fused_next_token_loss``).
+        ``document_separator``: the token that ends a document, for document masking (``data.document_mask``).
         With no ``model`` (what Lightning's ``load_from_checkpoint`` calls, having no hyperparameters to pass) the
         model, ``optim``, ``schedule_steps`` and ``run_record`` come from the checkpoint's record when it loads: the
         record already holds them all, so checkpoints need no second copy and those written before load too."""
         super().__init__()
         self.model = model
         self.compile_loss = compile
-        self.next_token_loss = next_token_loss
+        self.eager_loss = fused_next_token_loss if fused_loss else next_token_loss
+        self.next_token_loss = self.eager_loss
         self.optim = optim
         self.schedule_steps = schedule_steps
         self.run_record = run_record
+        self.document_separator = document_separator
         self.val_loss = MeanMetric()
 
     def configure_model(self) -> None:
@@ -51,7 +58,7 @@ class LanguageModel(L.LightningModule):
         fuses the cross-entropy with the logits (``make bench`` on an H100: 1.45x compiling the model alone)."""
         if self.compile_loss:
             torch.compiler.reset()  # an earlier run in this process (a -m sweep) must not fill dynamo's cache
-            self.next_token_loss = torch.compile(next_token_loss)
+            self.next_token_loss = torch.compile(self.eager_loss)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint[RECORD_KEY] = self.run_record
@@ -73,13 +80,17 @@ class LanguageModel(L.LightningModule):
         self.model = GPT(ModelConfig.from_dict(spec["model"]), spec["attention"])
         self.optim = OptimSpec(**spec["optim"])
         self.schedule_steps = spec["schedule_steps"]
+        self.document_separator = spec.get("document_separator")  # (absent from checkpoints written before it)
         self.run_record = saved
 
     def forward(self, idx: Tensor, start_pos: int = 0) -> Tensor:
         return self.model(idx, start_pos)
 
     def loss(self, batch: dict[str, Tensor]) -> Tensor:
-        return self.next_token_loss(self.model, batch["input_ids"].long())
+        tokens = batch["input_ids"].long()
+        if self.document_separator is None:
+            return self.next_token_loss(self.model, tokens)
+        return self.next_token_loss(self.model, tokens, documents=document_ids(tokens[:, :-1], self.document_separator))
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         loss = self.loss(batch)

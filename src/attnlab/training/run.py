@@ -173,7 +173,19 @@ def run(cfg: DictConfig, evaluate: Evaluation | None = None) -> dict[str, Any]:
         "optim": asdict(optim),
         "schedule_steps": horizon,
     }
-    module = LanguageModel(model, optim, horizon, record(spec, tokenizer, plain(cfg.data)), cfg.get("compile", False))
+    separator = datamodule.document_separator_id
+    if separator is not None:  # only when masking: records of runs without it stay as they were
+        spec["document_separator"] = separator
+    run_record = record(spec, tokenizer, plain(cfg.data))
+    module = LanguageModel(
+        model,
+        optim,
+        horizon,
+        run_record,
+        cfg.get("compile", False),
+        cfg.get("fused_loss", False),
+        separator,
+    )
     for logger in loggers:
         logger.log_hyperparams(plain(cfg))
 

@@ -42,10 +42,13 @@ class StickBreaking(AttentionVariant):
             f"attention=stickbreaking takes no position encoding (Tan et al.); set none, got {shape.pos_encoding}",
         )
 
-    def probabilities(self, scores: Tensor) -> Tensor:
-        """Stick-breaking weights from unmasked fp32 scores (B, H, t_q, t_k), queries the last t_q keys."""
+    def probabilities(self, scores: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Stick-breaking weights from unmasked fp32 scores (B, H, t_q, t_k), queries the last t_q keys; keys that
+        the additive ``mask`` hides (another document of a packed block) break no stick, like future ones."""
         t_q, t_k = scores.shape[-2:]
         visible = torch.ones(t_q, t_k, dtype=torch.bool, device=scores.device).tril(t_k - t_q - 1)  # j < i
+        if mask is not None:
+            visible = visible & (mask > float("-inf"))
         log_beta = F.logsigmoid(scores).masked_fill(~visible, float("-inf"))
         log_rest = F.logsigmoid(-scores).masked_fill(~visible, 0.0)  # log(1 - beta)
         after = F.pad(log_rest.flip(-1).cumsum(-1).flip(-1)[..., 1:], (0, 1))  # sum over k > j of log(1 - beta_ik)
@@ -63,16 +66,16 @@ class StickBreaking(AttentionVariant):
         is_causal: bool,
         hook: IntermediateHook | None = None,
     ) -> tuple[Tensor, Tensor]:
-        return self._attention(q, k, v, 0.0, hook or unchanged)
+        return self._attention(q, k, v, mask, 0.0, hook or unchanged)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout: float) -> Tensor:
-        """The causal structure is the rule itself (the mask SDPA would get is only ever plain causal)."""
-        return self._attention(q, k, v, dropout, unchanged)[0]
+        """The causal structure is the rule itself; a mask (document masking) only hides keys besides."""
+        return self._attention(q, k, v, mask, dropout, unchanged)[0]
 
     def _attention(
-        self, q: Tensor, k: Tensor, v: Tensor, dropout: float, hook: IntermediateHook
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout: float, hook: IntermediateHook
     ) -> tuple[Tensor, Tensor]:
         with torch.autocast(q.device.type, enabled=False):
             values = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1).float()
-            probs = hook("probabilities", self.probabilities(self.scaled_scores(q, k, hook)))
+            probs = hook("probabilities", self.probabilities(self.scaled_scores(q, k, hook), mask))
             return hook("context", F.dropout(probs, p=dropout) @ values).to(q.dtype), probs
