@@ -124,3 +124,27 @@ def test_an_lm_eval_task_in_an_attnlab_suite_offline_is_one_line_and_leaves_no_f
     assert err.value.key == "eval.tasks" and "hub" in str(err.value) and "\n" not in str(err.value)
     assert "no such task" not in str(err.value)
     assert not list((tmp_path / "out").glob("*"))
+
+
+def test_a_run_on_its_own_text_is_scored_on_its_own_held_out_documents(
+    lm: AttnlabLM, tmp_path: Path, data_cache: Path, monkeypatch
+) -> None:
+    """data=text_files (as registry_text): the held-out perplexity task and the analysis read the run's own split of
+    its corpus, as training made it, not the embedded corpus's articles; a run on the hub keeps the embedded split."""
+    from attnlab.eval.harness import run_documents
+
+    corpus = tmp_path / "notes.txt"
+    corpus.write_text("\n\n".join(f"Note {i}: the mill by the river turns all day long." for i in range(10)))
+    data = {"name": "text_files", "source": "files", "files": [str(corpus)], "val_fraction": 0.2, "seed": 3}
+    documents = run_documents(data, str(data_cache))
+    assert (len(documents["train"]), len(documents["test"])) == (8, 2)
+    assert all(text.startswith("Note ") for text in documents["test"]["text"])
+    monkeypatch.setattr(lm, "run_data", data)
+    heldout_only = {**suite("quick"), "tasks": ["attnlab_heldout"]}
+    record = evaluate_suite(lm, heldout_only, tmp_path / "out", limit=None, cache_dir=str(data_cache))
+    assert record["results"]["n-samples"]["attnlab_heldout"]["effective"] == 2
+    hub = {"name": "wikitext2", "source": "hub", "path": "Salesforce/wikitext", "seed": 1337, "val_fraction": 0.1}
+    embedded = {"name": "wiki_sample", "source": "wiki_sample", "seed": 1337, "val_fraction": 0.1}
+    assert (
+        run_documents(hub, str(data_cache))["test"]["text"] == run_documents(embedded, str(data_cache))["test"]["text"]
+    )

@@ -25,7 +25,7 @@ from attnlab.console import announce
 from attnlab.data.tokenizer import joined_ids
 from attnlab.defaults import CACHE_DIR, DATA_SEED, EVAL_SEED
 from attnlab.errors import ConfigError
-from attnlab.eval.heldout import heldout_dataset
+from attnlab.eval.heldout import heldout_dataset, scores_own_corpus
 from attnlab.eval.lm import AttnlabLM
 from attnlab.eval.passkey import TASK as PASSKEY_TASK
 from attnlab.eval.passkey import fitting_lengths, per_length_accuracy
@@ -55,7 +55,7 @@ def task_metadata(lm: AttnlabLM, suite: dict[str, Any], out_dir: Path, cache_dir
     passkey = dict(suite.get("passkey") or {})
     if (lengths := suite_passkey_lengths(suite, lm.max_length)) is not None:
         passkey["context_lengths"] = lengths
-    if data.get("name") not in (None, "wiki_sample") and "attnlab_heldout" in suite.get("tasks", []):
+    if not scores_own_corpus(data) and "attnlab_heldout" in suite.get("tasks", []):
         log.warning("attnlab_heldout scores the wiki_sample split, but the model trained on %s", data["name"])
     return {
         "tokenizer": str(tokenizer_file),
@@ -64,6 +64,7 @@ def task_metadata(lm: AttnlabLM, suite: dict[str, Any], out_dir: Path, cache_dir
         "samples_per_length": passkey.get("samples_per_length", 10),
         "passkey_seed": passkey.get("seed", EVAL_SEED),
         "cache_dir": str(cache_dir),
+        "data": data,  # the run's corpus: the held-out tasks and the analysis score its own held-out documents
         "data_seed": data.get("seed") or DATA_SEED,
         "val_fraction": data.get("val_fraction") or 0.1,
     }
@@ -294,9 +295,13 @@ CALIBRATION = 65536  # W8A8 calibration tokens: enough for the reference's 4 bat
 
 
 def run_documents(data: dict[str, Any], cache_dir: str) -> DatasetDict:
-    """The training run's documents of the embedded corpus: ``test`` (held out) and ``train``."""
+    """The training run's documents, ``test`` (held out) and ``train``: its own corpus's where it is local, else the
+    embedded corpus's (``heldout_dataset``)."""
     return heldout_dataset(
-        data_seed=data.get("seed") or DATA_SEED, val_fraction=data.get("val_fraction") or 0.1, cache_dir=cache_dir
+        data=data,
+        data_seed=data.get("seed") or DATA_SEED,
+        val_fraction=data.get("val_fraction") or 0.1,
+        cache_dir=cache_dir,
     )
 
 

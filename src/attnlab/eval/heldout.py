@@ -1,31 +1,47 @@
-"""The embedded corpus's held-out split as an lm-eval dataset, so CPU-scale runs get a perplexity without the hub."""
+"""A training run's held-out documents as an lm-eval dataset, so CPU-scale runs get a perplexity without the hub."""
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from datasets import DatasetDict
 
 from attnlab.defaults import CACHE_DIR, DATA_SEED
 
+LOCAL_SOURCES = ("wiki_sample", "registry", "files")  # data.source values whose documents are on this machine
+
 
 def heldout_dataset(**metadata: Any) -> DatasetDict:
-    """lm-eval ``custom_dataset``: the validation documents of ``TextDataModule(source="wiki_sample")`` as its test
-    split (its train split: the training documents).
+    """lm-eval ``custom_dataset``: the validation documents of the run's own corpus as its test split (its train
+    split: the training documents, W8A8's calibration text).
 
-    ``data_seed`` and ``val_fraction`` must match the training run's data config for the split to be held out;
-    attnlab's harness reads them from the checkpoint's run directory.
-    """
+    ``data``: the run's data config (attnlab's harness reads it from the checkpoint's record), split as training
+    split it, when its documents are local (``LOCAL_SOURCES``: the embedded corpus, ``registry_text``, the user's
+    text files). Otherwise (a hub dataset, generated passkey prompts, no record) the embedded corpus's split, with
+    ``data_seed`` and ``val_fraction`` as a wiki_sample run's."""
     from attnlab.data import TextDataModule
 
-    datamodule = TextDataModule(
-        name="wiki_sample",
-        source="wiki_sample",
-        val_fraction=float(metadata.get("val_fraction", 0.1)),
-        seed=int(metadata.get("data_seed", DATA_SEED)),
-        cache_dir=str(metadata.get("cache_dir", CACHE_DIR)),
-    )
+    data = dict(metadata.get("data") or {})
+    cache_dir = str(metadata.get("cache_dir", CACHE_DIR))
+    if data.get("source") in LOCAL_SOURCES:
+        accepted = inspect.signature(TextDataModule).parameters
+        settings = {key: value for key, value in data.items() if key in accepted and key != "packed_dir"}
+        datamodule = TextDataModule(**{**settings, "cache_dir": cache_dir})
+    else:
+        datamodule = TextDataModule(
+            name="wiki_sample",
+            source="wiki_sample",
+            val_fraction=float(metadata.get("val_fraction", 0.1)),
+            seed=int(metadata.get("data_seed", DATA_SEED)),
+            cache_dir=cache_dir,
+        )
     return DatasetDict(
         train=datamodule.training_documents().select_columns(["text"]),  # W8A8 calibration text
         test=datamodule.validation_documents().select_columns(["text"]),
     )
+
+
+def scores_own_corpus(data: dict[str, Any]) -> bool:
+    """Whether ``heldout_dataset`` scores a run trained on ``data`` on its own held-out documents."""
+    return data.get("source") in LOCAL_SOURCES or data.get("name") in (None, "wiki_sample")
