@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Issue 23 on one GPU (an H100, no network): tables at their `gpu` scale, cells side by side, results to $OUT.
+# Installs .whl/ (experiments/device_wheels.sh) into /tmp/site where the machine lacks Hydra and the rest; the
+# data travel pre-tokenized or as a corpus under .cache/attnlab (the device tool's carry: [".whl", ".cache/attnlab"]).
+# Each table runs under its own time limit; a table cut short keeps its finished cells (outputs/runs) and says so.
+# $OUT gets a log per table, the tables' results (experiments/results/<table>/<scale>/) and every cell's logged
+# metrics and evaluation as one archive, ready to unpack over a checkout and commit.
+#
+# Usage: OUT=/dir TABLES="outliers gating" ARGS="data=registry_text" bash experiments/gpu_tables.sh
+#   SCALE (default gpu), JOBS (cells at once, default 9), LIMIT (seconds per table, default 480), PYTHON.
+# Measured on one H100 (2026-11-26): the outliers table (9 cells of 21M parameters x 16M tokens + evaluations) 311 s.
+set -uo pipefail
+: "${OUT:?set OUT to the directory the results go to}"
+cd "$(dirname "$0")/.."
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+PYTHON=${PYTHON:-python3}
+TABLES=${TABLES:-outliers}
+SCALE=${SCALE:-gpu}
+ARGS=${ARGS:-}
+JOBS=${JOBS:-9}
+LIMIT=${LIMIT:-480}
+status=0
+results=()
+{
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no GPU"
+    date -u +%Y-%m-%dT%H:%M:%SZ
+} | tee "$OUT/device.txt"
+if ! "$PYTHON" -c "import hydra, attnlab.tables.engine" 2>/dev/null; then
+    [[ -d .whl ]] || { echo "gpu_tables: no Hydra here and no .whl/ (bash experiments/device_wheels.sh)"; exit 1; }
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+"$PYTHON" -c "import torch, lightning, attnlab; print('torch', torch.__version__, 'lightning', lightning.__version__)" \
+    | tee -a "$OUT/device.txt"
+for table in $TABLES; do
+    start=$SECONDS
+    timeout "$LIMIT" "$PYTHON" -m attnlab.cli.table "table=$table" "scale=$SCALE" "args='$ARGS'" \
+        "launcher='hydra/launcher=joblib hydra.launcher.n_jobs=$JOBS'" >"$OUT/$table.log" 2>&1
+    rc=$?
+    echo "$table at $SCALE: exit $rc after $((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
+    ((rc == 0)) || { status=1; tail -20 "$OUT/$table.log"; }
+    results+=("experiments/results/$table/$SCALE")
+done
+cells=(outputs/runs/*/csv/metrics.csv outputs/runs/*/results.json outputs/runs/*/eval/*/results.json
+    outputs/runs/*/.hydra/config.yaml outputs/runs/*/.hydra/overrides.yaml outputs/tables)
+tar czf "$OUT/results.tgz" "${results[@]}" "${cells[@]}" 2>/dev/null
+ls -la "$OUT"
+exit $status
