@@ -7,6 +7,8 @@
 # metrics and evaluation as one archive, ready to unpack over a checkout and commit.
 #
 # Usage: OUT=/dir TABLES="outliers gating" ARGS="data=registry_text" bash experiments/gpu_tables.sh
+#   data=registry_text: `zstd -12 .cache/attnlab/corpus/registry_text-v2.jsonl` here and carry the .zst (25 MB; the
+#   first cell tokenizes and packs it there, the evaluations read its held-out documents).
 #   SCALE (default gpu), JOBS (cells at once, default 9), LIMIT (seconds per table, default 480), PYTHON.
 # Measured on one H100 (2026-11-26): the outliers table (9 cells of 21M parameters x 16M tokens + evaluations) 311 s.
 set -uo pipefail
@@ -33,6 +35,12 @@ if ! "$PYTHON" -c "import hydra, attnlab.tables.engine" 2>/dev/null; then
 fi
 "$PYTHON" -c "import torch, lightning, attnlab; print('torch', torch.__version__, 'lightning', lightning.__version__)" \
     | tee -a "$OUT/device.txt"
+# a corpus carried compressed (registry_text: `zstd -12` makes its 98 MB 25 MB) is unpacked where the data reads it
+for packed in .cache/attnlab/corpus/*.jsonl.zst; do
+    [[ -e "$packed" && ! -e "${packed%.zst}" ]] || continue
+    "$PYTHON" -c "import sys, zstandard; zstandard.ZstdDecompressor().copy_stream(open(sys.argv[1], 'rb'), \
+open(sys.argv[2], 'wb'))" "$packed" "${packed%.zst}.tmp" && mv "${packed%.zst}.tmp" "${packed%.zst}" || exit 1
+done
 for table in $TABLES; do
     start=$SECONDS
     timeout "$LIMIT" "$PYTHON" -m attnlab.cli.table "table=$table" "scale=$SCALE" "args='$ARGS'" \
