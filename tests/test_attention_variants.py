@@ -425,15 +425,15 @@ def test_document_ids_count_the_separators_before_each_token() -> None:
 
 
 # every config on SDPA's path; each registered variant also on flex (ALiBi's bias too) and the reference path
+OTHER_BACKENDS = [("alibi", "flex"), ("rotary", "reference")]
 DOCUMENT_CASES = [(c, "learned", "sdpa") for c in CONFIGS]
-DOCUMENT_CASES += [
-    ({"name": n}, pos, b) for n in available_attention() for pos, b in [("alibi", "flex"), ("rotary", "reference")]
+DOCUMENT_CASES += [({"name": n}, pos, b) for n in available_attention() for pos, b in OTHER_BACKENDS]
+DOCUMENT_IDS = [f"{i}-learned-sdpa" for i in IDS] + [
+    f"{n}-{p}-{b}" for n in available_attention() for p, b in OTHER_BACKENDS
 ]
 
 
-@pytest.mark.parametrize(
-    ("attention", "pos", "backend"), DOCUMENT_CASES, ids=[f"{c['name']}-{p}-{b}" for c, p, b in DOCUMENT_CASES]
-)
+@pytest.mark.parametrize(("attention", "pos", "backend"), DOCUMENT_CASES, ids=DOCUMENT_IDS)
 def test_document_mask_keeps_the_documents_of_a_block_apart(attention: dict, pos: str, backend: str) -> None:
     """data.document_mask: a token attends to its own document of a packed block only, on every backend. Changing
     the first document changes nothing after its separator, though the mask changes what comes after it (it is in
