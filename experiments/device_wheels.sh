@@ -20,10 +20,12 @@ pins() {  # the venv's version of each named package, as name==version
         grep -i -m1 "^${pattern}==" <<<"$frozen" || { echo "device_wheels: $name is not installed in $PYTHON" >&2; exit 1; }
     done
 }
+binary=$(pins "${BINARY[@]}")  # (assigned alone: a missing package stops the script here)
+source=$(pins "${SOURCE[@]}")
 mkdir -p .whl
-rm -f .whl/attnlab-*.whl
+rm -f .whl/*.whl  # wheels of earlier pins would hand pip two versions of one package
 "$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
-    -d .whl $(pins "${BINARY[@]}")
-"$PYTHON" -m pip wheel -q --no-deps -w .whl $(pins "${SOURCE[@]}") .
+    -d .whl $binary
+"$PYTHON" -m pip wheel -q --no-deps -w .whl $source .
 du -sh .whl

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Issue 23 on one GPU (an H100, no network): tables at their `gpu` scale, cells side by side, results to $OUT.
 # Installs .whl/ (experiments/device_wheels.sh) into /tmp/site where the machine lacks Hydra and the rest; the
-# data travel pre-tokenized or as a corpus under .cache/attnlab (the device tool's carry: [".whl", ".cache/attnlab"]).
+# data travel under .cache/attnlab (the device tool's carry: ".whl" and, for the embedded corpus, ".cache/attnlab/packed"
+# and ".cache/attnlab/corpus/wiki_sample-v2.jsonl"; for registry_text, its .zst below).
 # Each table runs under its own time limit; a table cut short keeps its finished cells (outputs/runs) and says so.
 # $OUT gets a log per table, the tables' results (experiments/results/<table>/<scale>/) and every cell's logged
 # metrics and evaluation as one archive, ready to unpack over a checkout and commit.
 #
-# Usage: OUT=/dir TABLES="outliers gating" ARGS="data=registry_text" bash experiments/gpu_tables.sh
+# Usage: OUT=/dir TABLES="outliers gating" ARGS="data=registry_text" LIMIT=270 bash experiments/gpu_tables.sh
+#   (the device tool gives one command 600 s: keep LIMIT x tables under it, or make one call per table; while the
+#   machine stays warm, the cells a call finished are cached and the next call with the same tables continues)
 #   data=registry_text: `zstd -12 .cache/attnlab/corpus/registry_text-v2.jsonl` here and carry the .zst (25 MB; the
 #   first cell tokenizes and packs it there, the evaluations read its held-out documents).
 #   SCALE (default gpu), JOBS (cells at once, default 9), LIMIT (seconds per table, default 480), PYTHON.
@@ -41,17 +44,23 @@ for packed in .cache/attnlab/corpus/*.jsonl.zst; do
     "$PYTHON" -c "import sys, zstandard; zstandard.ZstdDecompressor().copy_stream(open(sys.argv[1], 'rb'), \
 open(sys.argv[2], 'wb'))" "$packed" "${packed%.zst}.tmp" && mv "${packed%.zst}.tmp" "${packed%.zst}" || exit 1
 done
+archive() {  # what has finished so far, after every table: a call cut off later keeps it
+    local cells=(outputs/runs/*/csv/metrics.csv outputs/runs/*/results.json outputs/runs/*/eval/*/results.json
+        outputs/runs/*/.hydra/config.yaml outputs/runs/*/.hydra/overrides.yaml outputs/tables)
+    local present=()
+    for path in "${results[@]}" "${cells[@]}"; do [[ -e "$path" ]] && present+=("$path"); done
+    ((${#present[@]})) || return 0
+    tar czf "$OUT/results.tgz.tmp" "${present[@]}" && mv "$OUT/results.tgz.tmp" "$OUT/results.tgz" || status=1
+}
 for table in $TABLES; do
     start=$SECONDS
-    timeout "$LIMIT" "$PYTHON" -m attnlab.cli.table "table=$table" "scale=$SCALE" "args='$ARGS'" \
+    timeout -k 30 "$LIMIT" "$PYTHON" -m attnlab.cli.table "table=$table" "scale=$SCALE" "args='$ARGS'" \
         "launcher='hydra/launcher=joblib hydra.launcher.n_jobs=$JOBS'" >"$OUT/$table.log" 2>&1
     rc=$?
     echo "$table at $SCALE: exit $rc after $((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
     ((rc == 0)) || { status=1; tail -20 "$OUT/$table.log"; }
     results+=("experiments/results/$table/$SCALE")
+    archive
 done
-cells=(outputs/runs/*/csv/metrics.csv outputs/runs/*/results.json outputs/runs/*/eval/*/results.json
-    outputs/runs/*/.hydra/config.yaml outputs/runs/*/.hydra/overrides.yaml outputs/tables)
-tar czf "$OUT/results.tgz" "${results[@]}" "${cells[@]}" 2>/dev/null
 ls -la "$OUT"
 exit $status

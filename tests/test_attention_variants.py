@@ -428,9 +428,13 @@ def test_document_ids_count_the_separators_before_each_token() -> None:
 OTHER_BACKENDS = [("alibi", "flex"), ("rotary", "reference")]
 DOCUMENT_CASES = [(c, "learned", "sdpa") for c in CONFIGS]
 DOCUMENT_CASES += [({"name": n}, pos, b) for n in available_attention() for pos, b in OTHER_BACKENDS]
+# the variants that take no position encoding (stick-breaking) or refuse ALiBi and RoPE (FoX), on every backend
+UNENCODED = [(n, b) for n in ("stickbreaking", "fox") for b in ("sdpa", "flex", "reference")]
+DOCUMENT_CASES += [({"name": n}, "none", b) for n, b in UNENCODED]
 DOCUMENT_IDS = [f"{i}-learned-sdpa" for i in IDS] + [
     f"{n}-{p}-{b}" for n in available_attention() for p, b in OTHER_BACKENDS
 ]
+DOCUMENT_IDS += [f"{n}-none-{b}" for n, b in UNENCODED]
 
 
 @pytest.mark.parametrize(("attention", "pos", "backend"), DOCUMENT_CASES, ids=DOCUMENT_IDS)

@@ -150,6 +150,15 @@ def test_document_mask_trains_each_document_on_its_own(make_config, tmp_path: Pa
         documents = document_ids(tokens[:, :-1], separator)
         assert loss == pytest.approx(next_token_loss(module.model, tokens, documents=documents).item(), rel=1e-6)
         assert abs(loss - next_token_loss(module.model, tokens)) > 1e-4
+    resume_unmasked = [
+        *QUIET,
+        "trainer.max_steps=3",
+        "trainer.limit_val_batches=2",
+        f"ckpt_path={results['last_checkpoint']}",
+    ]
+    with pytest.raises(ConfigError) as err:  # resuming continues the same run: not without its mask
+        run(make_config(resume_unmasked, tmp_path / "resumed"))
+    assert err.value.key == "data.document_mask"
 
 
 @pytest.mark.parametrize(

@@ -60,6 +60,8 @@ class AttentionContext:
     # keys of its own document; None: to the whole block
     documents: Tensor | None = None
     flex_masks: dict[int, FlexMask] = field(default_factory=dict)  # built once per forward, shared by the layers
+    # SDPA's masks, built once per forward too: every layer then holds the same tensor for its backward
+    sdpa_masks: dict[tuple[int, int, torch.dtype], tuple[Tensor | None, bool]] = field(default_factory=dict)
 
     def flex_mask(self, length: int) -> FlexMask:
         """The causal (or document-causal) block mask and position bias of ``attention.backend=flex``."""
@@ -75,6 +77,11 @@ class AttentionContext:
     def mask(self, t_q: int, t_k: int, dtype: torch.dtype) -> tuple[Tensor | None, bool]:
         """SDPA's ``(attn_mask, is_causal)``: the fused causal flag where it is exact, else an explicit additive mask,
         (t_q, t_k), (H, t_q, t_k) with ALiBi, and with a leading batch dimension under document masking."""
+        if (t_q, t_k, dtype) not in self.sdpa_masks:
+            self.sdpa_masks[t_q, t_k, dtype] = self._build_mask(t_q, t_k, dtype)
+        return self.sdpa_masks[t_q, t_k, dtype]
+
+    def _build_mask(self, t_q: int, t_k: int, dtype: torch.dtype) -> tuple[Tensor | None, bool]:
         if self.documents is None and self.alibi_slopes is None and t_q == t_k:
             return None, True
         if self.documents is None and self.alibi_slopes is None and t_q == 1:

@@ -174,6 +174,12 @@ def run(cfg: DictConfig, evaluate: Evaluation | None = None) -> dict[str, Any]:
         "schedule_steps": horizon,
     }
     separator = datamodule.document_separator_id
+    if resumed is not None and resumed.spec.get("document_separator") != separator:
+        raise ConfigError(
+            "data.document_mask",
+            f"{separator is not None} differs from the resumed checkpoint's "
+            f"{resumed.spec.get('document_separator') is not None}; resuming continues the same run",
+        )
     if separator is not None:  # only when masking: records of runs without it stay as they were
         spec["document_separator"] = separator
     run_record = record(spec, tokenizer, plain(cfg.data))
