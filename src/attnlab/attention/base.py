@@ -66,9 +66,8 @@ class AttentionContext:
     def flex_mask(self, length: int) -> FlexMask:
         """The causal (or document-causal) block mask and position bias of ``attention.backend=flex``."""
         if length not in self.flex_masks:
-            device = self.positions.device
             if self.documents is None:
-                block_mask = causal_block_mask(length, device)
+                block_mask = causal_block_mask(length, self.positions.device)
             else:
                 block_mask = document_block_mask(self.documents)
             self.flex_masks[length] = FlexMask(block_mask, self.alibi_slopes)
@@ -82,10 +81,8 @@ class AttentionContext:
         return self.sdpa_masks[t_q, t_k, dtype]
 
     def _build_mask(self, t_q: int, t_k: int, dtype: torch.dtype) -> tuple[Tensor | None, bool]:
-        if self.documents is None and self.alibi_slopes is None and t_q == t_k:
-            return None, True
-        if self.documents is None and self.alibi_slopes is None and t_q == 1:
-            return None, False
+        if self.documents is None and self.alibi_slopes is None and (t_q == t_k or t_q == 1):
+            return None, t_q == t_k  # the fused causal flag, or one query that sees every key
         device = self.positions.device
         mask = causal_bias(t_q, t_k, device, dtype)
         if self.alibi_slopes is not None:

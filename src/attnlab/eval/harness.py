@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 
 from attnlab.console import announce
 from attnlab.data.tokenizer import joined_ids
-from attnlab.defaults import CACHE_DIR, DATA_SEED, EVAL_SEED
+from attnlab.defaults import CACHE_DIR, EVAL_SEED
 from attnlab.errors import ConfigError
 from attnlab.eval.heldout import heldout_dataset, scores_own_corpus
 from attnlab.eval.lm import AttnlabLM
@@ -65,8 +65,6 @@ def task_metadata(lm: AttnlabLM, suite: dict[str, Any], out_dir: Path, cache_dir
         "passkey_seed": passkey.get("seed", EVAL_SEED),
         "cache_dir": str(cache_dir),
         "data": data,  # the run's corpus: the held-out tasks and the analysis score its own held-out documents
-        "data_seed": data.get("seed") or DATA_SEED,
-        "val_fraction": data.get("val_fraction") or 0.1,
     }
 
 
@@ -297,12 +295,7 @@ CALIBRATION = 65536  # W8A8 calibration tokens: enough for the reference's 4 bat
 def run_documents(data: dict[str, Any], cache_dir: str) -> DatasetDict:
     """The training run's documents, ``test`` (held out) and ``train``: its own corpus's where it is local, else the
     embedded corpus's (``heldout_dataset``)."""
-    return heldout_dataset(
-        data=data,
-        data_seed=data.get("seed") or DATA_SEED,
-        val_fraction=data.get("val_fraction") or 0.1,
-        cache_dir=cache_dir,
-    )
+    return heldout_dataset(data=data, cache_dir=cache_dir)
 
 
 def heldout_texts(data: dict[str, Any], cache_dir: str) -> list[str]:

@@ -18,8 +18,8 @@ def heldout_dataset(**metadata: Any) -> DatasetDict:
 
     ``data``: the run's data config (attnlab's harness reads it from the checkpoint's record), split as training
     split it, when its documents are local (``LOCAL_SOURCES``: the embedded corpus, ``registry_text``, the user's
-    text files). Otherwise (a hub dataset, generated passkey prompts, no record) the embedded corpus's split, with
-    ``data_seed`` and ``val_fraction`` as a wiki_sample run's."""
+    text files). Otherwise (a hub dataset, generated passkey prompts, a legacy record without ``source``, none) the
+    embedded corpus's split, with the run's ``seed`` and ``val_fraction`` where it has them."""
     from attnlab.data import TextDataModule
 
     data = dict(metadata.get("data") or {})
@@ -32,8 +32,8 @@ def heldout_dataset(**metadata: Any) -> DatasetDict:
         datamodule = TextDataModule(
             name="wiki_sample",
             source="wiki_sample",
-            val_fraction=float(metadata.get("val_fraction", 0.1)),
-            seed=int(metadata.get("data_seed", DATA_SEED)),
+            val_fraction=float(data.get("val_fraction") or 0.1),
+            seed=int(data.get("seed") or DATA_SEED),
             cache_dir=cache_dir,
         )
     return DatasetDict(

@@ -88,9 +88,9 @@ class LanguageModel(L.LightningModule):
 
     def loss(self, batch: dict[str, Tensor]) -> Tensor:
         tokens = batch["input_ids"].long()
-        if self.document_separator is None:
-            return self.next_token_loss(self.model, tokens)
-        return self.next_token_loss(self.model, tokens, documents=document_ids(tokens[:, :-1], self.document_separator))
+        separator = self.document_separator
+        documents = None if separator is None else document_ids(tokens[:, :-1], separator)
+        return self.next_token_loss(self.model, tokens, documents=documents)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         loss = self.loss(batch)
