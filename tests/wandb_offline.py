@@ -10,8 +10,13 @@ from pathlib import Path
 def wandb_runs(directory: Path) -> list[dict]:
     """The offline W&B runs directly under ``directory/wandb``: group, job type, name, tags, the metric names its
     history logged and its summary, read from each run's ``.wandb`` file (LevelDB-style log blocks of wandb's
-    protobuf ``Record``s)."""
+    protobuf ``Record``s). This process's wandb service is shut down first: ``finish()`` returns before the service
+    has written the file (measured: 2 of 12 offline runs still had an empty file right after it), and shutting it
+    down waits for every file it has open."""
+    import wandb
     from wandb.proto import wandb_internal_pb2
+
+    wandb.teardown()
 
     block, header = 32768, 7
     runs = []
