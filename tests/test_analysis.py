@@ -40,6 +40,7 @@ from attnlab.eval.analysis.outliers import (
     ActivationQuantizer,
     install_activation_quantizers,
     mse_weight_range,
+    quantization_damage,
     quantize_asymmetric,
     quantize_symmetric,
     quantize_weights_,
@@ -276,6 +277,10 @@ def test_w8a8_perplexity_tracks_bits_and_leaves_the_model_alone(trained: GPT, mo
     settings = (eight["bits"], eight["quant_scope"], eight["weight_range"], eight["act_percentile"])
     assert settings == (8, "full", "mse", 99.999)
     assert (eight["quantized_weights"], eight["quantized_activations"], eight["calibration_sequences"]) == (19, 28, 4)
+    assert sixteen["clipped_share_max"] == 0  # evaluated on the rows that set the ranges
+    assert set(sixteen["damage"]) == set(sixteen["activations"])
+    assert sixteen["step_over_median_max_at"] != "probabilities"
+    assert 0 < sixteen["step_over_median_max"] < eight["step_over_median_max"]  # 256 times coarser, give or take
     assert w8a8_perplexity(trained, evaluation[:1], evaluation, bits=4)["quantized_perplexity"] > 1.03 * fp
     linear = w8a8_perplexity(trained, evaluation[:1], evaluation, bits=2, scope="linear", weight_method="minmax")
     assert linear["quantized_perplexity"] > 1.5 * fp
@@ -285,6 +290,24 @@ def test_w8a8_perplexity_tracks_bits_and_leaves_the_model_alone(trained: GPT, mo
     assert no_hooks(trained) and all(block.attn.intermediate_hook is None for block in trained.blocks)
     with pytest.raises(ConfigError, match=r"analysis\.quant_scope"):
         w8a8_perplexity(trained, evaluation[:1], evaluation, scope="everything")
+
+
+def test_a_frozen_range_counts_what_it_cuts_off_and_how_coarse_its_grid_is() -> None:
+    """Outliers left out of a range are cut off; outliers inside it make the step large against the typical value."""
+    narrow, wide = ActivationQuantizer(8), ActivationQuantizer(8)
+    narrow.low, narrow.high, wide.low, wide.high = -1.0, 1.0, -5.0, 2000.0
+    for quantizer in (narrow, wide):
+        quantizer.calibrating = False
+        quantizer(torch.tensor([-3.0, -0.5, 0.0, 0.25, 0.5, 2.0]))  # nonzero |x|: median 0.5
+        quantizer(torch.tensor([0.0, 0.1, 0.1]))  # median 0.1: the coarsest batch
+    assert (narrow.clipped, narrow.seen) == (2, 9) and (wide.clipped, wide.seen) == (0, 9)
+    assert narrow.coarsest == pytest.approx(2 / 255 / 0.1) and wide.coarsest == pytest.approx(2005 / 255 / 0.1)
+    calibrating = ActivationQuantizer(8)
+    calibrating(torch.tensor([-3.0, 2.0]))
+    assert calibrating.seen == 0  # while calibrating nothing is counted
+    damage = quantization_damage([("residual_sum", narrow), ("residual_sum", wide), ("norm_output", wide)])
+    assert damage["residual_sum"] == {"clipped_share": 2 / 18, "step_over_median": wide.coarsest}
+    assert damage["norm_output"]["clipped_share"] == 0
 
 
 def test_intermediate_hook_sees_the_variants_own_probabilities_and_is_identity_when_unset() -> None:
@@ -572,7 +595,11 @@ def test_w8a8_metric_says_which_rows_it_calibrated_on(tokenizer, tmp_path: Path)
     evaluation = run_analysis(tiny(), tokenizer[0], tmp_path, cfg)
     assert evaluation["w8a8"]["calibration"] == "evaluation_batches"
     assert evaluation["w8a8"]["calibration_sequences"] == 4  # the two evaluation batches (calibration_batches 4)
-    assert "calibrated on evaluation batches" in format_summary(evaluation)
+    printed = format_summary(evaluation)
+    assert "calibrated on evaluation batches" in printed
+    assert f"clipped share up to {evaluation['w8a8']['clipped_share_max']:.2g}" in printed
+    del evaluation["w8a8"]["clipped_share_max"]  # as in results recorded before the damage counts
+    assert "W8A8 perplexity" in format_summary(evaluation) and "damage" not in format_summary(evaluation)
     cfg |= {"calibration_tokens": rows(8, T, seed=5).flatten(), "calibration_batches": 3}
     training = run_analysis(tiny(), tokenizer[0], tmp_path, cfg)
     assert training["w8a8"]["calibration"] == "calibration_tokens"

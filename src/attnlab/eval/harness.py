@@ -289,7 +289,7 @@ def evaluate_suite(
     return record
 
 
-CALIBRATION = 65536  # W8A8 calibration tokens: enough for the reference's 4 batches of 8 x 2048 tokens
+CALIBRATION = 65536  # W8A8 calibration tokens: enough for the reference's 4 batches of 8 x 512 tokens
 
 
 def run_documents(data: dict[str, Any], cache_dir: str) -> DatasetDict:

@@ -204,7 +204,10 @@ class ActivationQuantizer:
 
     While ``calibrating``, each call first updates the range (the first batch's, then an exponential moving average)
     and quantises with it, as the reference does in its range-estimation state, so later points calibrate on
-    quantised inputs; afterwards the range is frozen.
+    quantised inputs; afterwards the range is frozen, and what it does to the values it then sees is counted, the
+    two ways outliers cost a per-tensor quantiser accuracy: the values cut off at the range's ends (outliers left
+    out of the range), and the grid step against the typical magnitude (``coarsest``: the largest step / median
+    nonzero |x| of any batch; outliers inside the range leave the typical value a few steps or none).
     """
 
     def __init__(self, bits: int, momentum: float = 0.9, percentile: float | None = None) -> None:
@@ -212,6 +215,8 @@ class ActivationQuantizer:
         self.calibrating = True
         self.low: float | None = None
         self.high: float | None = None
+        self.clipped = self.seen = 0
+        self.coarsest = 0.0
 
     def observe(self, x: Tensor) -> None:
         if self.percentile is None:
@@ -229,7 +234,18 @@ class ActivationQuantizer:
             self.observe(x.detach().float())
         if self.low is None:
             raise RuntimeError("activation quantizer used before calibration saw any input")
+        if not self.calibrating:
+            self.count(x.detach().float())
         return quantize_asymmetric(x.float(), self.low, self.high, self.bits).to(x.dtype)
+
+    def count(self, x: Tensor) -> None:
+        low, high = min(self.low, 0.0), max(self.high, EPS)  # the range quantize_asymmetric uses
+        self.clipped += int(((x < low) | (x > high)).sum())
+        self.seen += x.numel()
+        step = (high - low) / (2**self.bits - 1)
+        nonzero = x[x != 0].abs()
+        if nonzero.numel():
+            self.coarsest = max(self.coarsest, step / max(nonzero.median().item(), EPS))
 
 
 # ---------------------------------------------------------------- where W8A8 quantises
@@ -372,10 +388,15 @@ def w8a8_perplexity(
             quantized(batch[:, :-1])  # the inputs the perplexity pass will see
     for _, quantizer in points:
         quantizer.calibrating = False
+    quantized_perplexity = perplexity(quantized, batches)
+    damage = quantization_damage(points)
+    hidden = {kind: d for kind, d in damage.items() if kind != "probabilities"}  # tiny by nature: a coarse grid
+    clipped_at = max(damage, key=lambda kind: damage[kind]["clipped_share"])
+    coarsest_at = max(hidden, key=lambda kind: hidden[kind]["step_over_median"])
     return {
         "bits": bits,
         "fp_perplexity": perplexity(model, batches),
-        "quantized_perplexity": perplexity(quantized, batches),
+        "quantized_perplexity": quantized_perplexity,
         "quant_scope": scope,
         "weight_range": weight_method,
         "act_percentile": percentile,
@@ -384,7 +405,37 @@ def w8a8_perplexity(
         "weights": dict(Counter(kind for kind, _ in weights)),
         "activations": dict(Counter(kind for kind, _ in points)),
         "calibration_sequences": sum(batch.shape[0] for batch in calibration),
+        "damage": damage,
+        "clipped_share_max": damage[clipped_at]["clipped_share"],
+        "clipped_share_max_at": clipped_at,
+        "step_over_median_max": hidden[coarsest_at]["step_over_median"],  # over all kinds but the probabilities
+        "step_over_median_max_at": coarsest_at,
     }
+
+
+def describe_damage(summary: dict[str, Any]) -> list[str]:
+    """The summary line of ``w8a8_perplexity``'s damage counts (results recorded before 2026-11-26 have none)."""
+    if "clipped_share_max" not in summary:
+        return []
+    return [
+        f"  W{summary['bits']}A{summary['bits']} damage{'':<13}clipped share up to {summary['clipped_share_max']:.2g} "
+        f"({summary['clipped_share_max_at']}), grid step up to {summary['step_over_median_max']:.3g} x median "
+        f"|x| ({summary['step_over_median_max_at']})"
+    ]
+
+
+def quantization_damage(points: list[tuple[str, ActivationQuantizer]]) -> dict[str, dict[str, float]]:
+    """Per kind of activation, what its frozen ranges did to the evaluated values: the share cut off (over all its
+    points) and the coarsest grid step / median nonzero |x| (of any of its points)."""
+    damage: dict[str, dict[str, float]] = {}
+    for kind in dict.fromkeys(kind for kind, _ in points):
+        quantizers = [quantizer for k, quantizer in points if k == kind]
+        seen = sum(q.seen for q in quantizers)
+        damage[kind] = {
+            "clipped_share": sum(q.clipped for q in quantizers) / max(seen, 1),
+            "step_over_median": max(q.coarsest for q in quantizers),
+        }
+    return damage
 
 
 @register_metric(
@@ -413,7 +464,8 @@ def _outliers(inputs: AnalysisInputs) -> dict[str, Any]:
     headline={"w8a8_perplexity": "quantized_perplexity"},
     describe=lambda s: [
         f"  W{s['bits']}A{s['bits']} perplexity{'':<9}{s['quantized_perplexity']:.4g} ({s['quant_scope']} scope, "
-        f"calibrated on {s['calibration'].replace('_', ' ')})"
+        f"calibrated on {s['calibration'].replace('_', ' ')})",
+        *describe_damage(s),
     ],
 )
 def _w8a8(inputs: AnalysisInputs) -> dict[str, Any]:
