@@ -8,10 +8,12 @@ SCALE ?= cpu
 FORCE ?=
 LAUNCHER ?=
 RENDER ?=
+PARTIAL ?=
 # the table engine: SCALE=smoke|cpu|paper, FORCE=1 (fresh cells), ARGS (train.py overrides), LAUNCHER (Hydra's),
-# RENDER=1 (write the table again from its committed runs.csv: no training, no evaluation)
+# RENDER=1 (write the table again from its committed runs.csv: no training, no evaluation), PARTIAL=1 (write it from
+# the cells trained so far, while the run goes on elsewhere: no training)
 TABLE = $(PY) experiments/reproduce_table.py scale=$(SCALE) force=$(if $(FORCE),true,false) "args='$(ARGS)'" \
-	"launcher='$(LAUNCHER)'" render_only=$(if $(RENDER),true,false)
+	"launcher='$(LAUNCHER)'" render_only=$(if $(RENDER),true,false) partial=$(if $(PARTIAL),true,false)
 
 .DEFAULT_GOAL := help
 .PHONY: help install train test test-slow lint format bench reproduce-table1 reproduce-table2 reproduce-table3 \

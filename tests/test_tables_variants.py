@@ -99,6 +99,29 @@ def test_the_table_renders_again_from_its_csvs(smoke: dict, tmp_path: Path) -> N
         render(variants_table(), "smoke", results_dir=tmp_path, root=ROOT)
 
 
+def test_a_partial_table_holds_the_cells_trained_so_far_and_says_what_it_lacks(smoke: dict, tmp_path: Path) -> None:
+    """``PARTIAL=1`` while a long table trains: no training, the finished cells' numbers, the missing cells named;
+    its render from the committed CSVs says the same; nothing trained is a one-line error."""
+    table = variants_table()
+    table["scales"]["smoke"]["variants"] = ["vanilla", "softpick", "softmax1", "stickbreaking"]
+    settings = smoke["settings"]
+    engine = Engine(table, "smoke", root=ROOT, runs_dir=settings["runs_dir"], args=settings["args"])
+    softmax1 = next(cell for cell in engine.cells() if cell.attention == "softmax1")
+    markdown = reproduce(table, "smoke", results_dir=tmp_path, partial=True, **settings)
+    assert not softmax1.directory.exists()  # nothing trained
+    status = "**Partial: 3 of 4 cells** (written with `partial=true` while the others train; the reports wait for"
+    assert markdown.startswith(f"# {table['title']} (smoke scale)\n\n{status}")
+    assert "Not yet in it: softmax1 (pretrain, from scratch) seed 1." in markdown
+    assert "## What each variant costs" not in markdown and not (tmp_path / "costs.csv").exists()
+    assert pd.read_csv(tmp_path / "runs.csv")["attention"].tolist() == ["vanilla", "softpick", "stickbreaking"]
+    complete = pd.read_csv(smoke["results"] / "effects.csv")  # the same cells' effects as in the whole table
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "effects.csv"), complete)
+    assert render(table, "smoke", results_dir=tmp_path, root=ROOT) == markdown
+    empty = settings | {"runs_dir": tmp_path / "no-runs"}
+    with pytest.raises(ConfigError, match=r"^partial: no cell of this table has finished training yet"):
+        reproduce(table, "smoke", results_dir=tmp_path / "none", partial=True, **empty)
+
+
 def test_every_variant_builds_at_cpu_scale() -> None:
     """Each cpu cell's model is built (diff's even heads, fox's and stick-breaking's position encodings), so no
     variant stops the hours-long run halfway; the four shared with the outliers and gating tables are their cells."""

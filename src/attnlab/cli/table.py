@@ -36,6 +36,7 @@ def task(cfg: DictConfig) -> None:
             force=cfg.force,
             args=shlex.split(cfg.args or ""),
             launcher=shlex.split(cfg.launcher or ""),
+            partial=cfg.partial,
         )
     except ConfigError as exc:
         sys.exit(f"error: {exc}")

@@ -45,13 +45,20 @@ def reproduce(
     force: bool = False,
     args: Sequence[str] = (),
     launcher: Sequence[str] = (),
+    partial: bool = False,
 ) -> str:
     """Train what is missing, evaluate what is not evaluated, write and print the table (and log it to W&B when the
     cells log there); returns its Markdown. ``table``: a name in experiments/conf/table/ (what ``attnlab-table
     table=<name>`` runs; the directories it leaves unset come from reproduce_table.yaml: the checkout's outputs/ and
-    experiments/results/, or the current directory's when installed) or a table ``load_table`` composed."""
+    experiments/results/, or the current directory's when installed) or a table ``load_table`` composed.
+
+    ``partial``: train nothing; write the table from the cells that have finished training so far (evaluating
+    those not yet evaluated), headed by what it lacks, so results can be committed while a long table still runs
+    (in another process, which later reuses these evaluations). Its reports and its W&B run wait for the whole table.
+    """
     from omegaconf import OmegaConf
 
+    from attnlab.errors import ConfigError
     from attnlab.tables.collect import write
     from attnlab.tables.engine import Engine
     from attnlab.tables.figures import save_effects_figure
@@ -67,6 +74,16 @@ def reproduce(
     engine = Engine(table, scale, root=root, runs_dir=runs_dir, force=force, args=args, launcher=launcher)
     cells = engine.cells()
     engine.check_requirements()
+    if partial:
+        trained = [cell for cell in cells if cell.finished]
+        if not trained:
+            raise ConfigError("partial", "no cell of this table has finished training yet: run it without partial")
+        records = engine.evaluate(trained)
+        status = missing_cells(records, cells)
+        markdown = write(records, table, scale, results_dir, None, engine.trajectories(trained), status=status)
+        save_effects_figure(table, scale, results_dir, engine.row_sizes)
+        print(markdown)
+        return markdown
     engine.train(cells)
     project = next((c.wandb_project for c in cells if c.wandb_project), None)
     wandb_cfg = None  # logger=wandb cells: the finished table joins their runs' group (its run dir: runs_dir/wandb)
@@ -96,17 +113,38 @@ def render(table: dict[str, Any], scale: str, *, results_dir: Path, root: Path |
     runs = results_dir / "runs.csv"
     if not runs.is_file():
         raise ConfigError("render_only", f"no records to render: {runs} is missing (run the table first)")
-    reports = table.get("reports") or []
+    records = pd.read_csv(runs).to_dict("records")
+    engine = Engine(table, scale, root=root, runs_dir=root / "outputs" / "runs") if root is not None else None
+    status = missing_cells(records, engine.cells()) if engine is not None else None
+    reports = [] if status else table.get("reports") or []  # a partial table has none yet
     for name in reports:
         if name not in RENDERS or root is None or not (results_dir / RENDERS[name][0]).is_file():
             source = RENDERS[name][0] if name in RENDERS else "CSV to render it from"
             found = f"{table['name']} has reports computed from its cells' files (no committed {source})"
             raise ConfigError("render_only", f"{found}: reproduce it")
-    records = pd.read_csv(runs).to_dict("records")
     curves = pd.read_csv(results_dir / "curves.csv") if (results_dir / "curves.csv").is_file() else None
     sections = [RENDERS[name][1](table, scale, root, results_dir) for name in reports]
-    markdown = write(records, table, scale, results_dir, curves=curves, sections=sections)
-    engine = Engine(table, scale, root=root, runs_dir=root / "outputs" / "runs") if root is not None else None
+    markdown = write(records, table, scale, results_dir, curves=curves, sections=sections, status=status)
     save_effects_figure(table, scale, results_dir, engine.row_sizes if engine else dict)
     print(markdown)
     return markdown
+
+
+def missing_cells(records: list[dict[str, Any]], cells: list[Any]) -> str | None:
+    """The line a partial table opens with: how many of its cells it holds and which seeds of which variants it
+    lacks; None when it holds them all."""
+    held = {(r["stage"], r["row"], r["attention"], int(r["seed"])) for r in records}
+    lacking: dict[tuple[str, str, str], list[int]] = {}
+    for cell in cells:
+        if (cell.stage, cell.row, cell.attention, cell.seed) not in held:
+            lacking.setdefault((cell.stage, cell.row, cell.attention), []).append(cell.seed)
+    if not lacking:
+        return None
+    which = "; ".join(
+        f"{attention} ({stage}, {row}) seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+        for (stage, row, attention), seeds in lacking.items()
+    )
+    return (
+        f"**Partial: {len(cells) - sum(map(len, lacking.values()))} of {len(cells)} cells** (written with "
+        f"`partial=true` while the others train; the reports wait for the whole table). Not yet in it: {which}."
+    )

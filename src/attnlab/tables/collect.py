@@ -295,14 +295,19 @@ def variant_label(table: dict[str, Any], attention: str) -> str:
 
 
 def to_markdown(
-    summary: pd.DataFrame, effect: pd.DataFrame, table: dict[str, Any], scale: str, checks: pd.DataFrame | None = None
+    summary: pd.DataFrame,
+    effect: pd.DataFrame,
+    table: dict[str, Any],
+    scale: str,
+    checks: pd.DataFrame | None = None,
+    status: str | None = None,
 ) -> str:
-    """The table as Markdown: whether the phenomenon is there, ours beside the paper's per column that ran, the
-    columns' provenance, the verdicts."""
+    """The table as Markdown: its ``status`` line, whether the phenomenon is there, ours beside the paper's per
+    column that ran, the columns' provenance, the verdicts."""
     columns = column_map(table, scale)
     ran = [c for c in columns if c["ours"] is not None]
     has_paper = bool(table.get("paper"))  # a table of our own comparisons (variants) has no paper columns to show
-    lines = [f"# {table['title']} ({scale} scale)", ""]
+    lines = [f"# {table['title']} ({scale} scale)", ""] + ([status, ""] if status else [])
     lines += [f"- {note}" for note in table.get("notes") or []] + ([""] if table.get("notes") else [])
     lines += phenomena_markdown(checks, table) if checks is not None else []
     for stage, block in summary.groupby("stage", sort=False):
@@ -413,17 +418,19 @@ def write(
     wandb_cfg: dict[str, Any] | None = None,
     curves: pd.DataFrame | None = None,
     sections: Sequence[str] = (),
+    status: str | None = None,
 ) -> str:
     """Write ``<table>.md``, ``<table>.csv`` (tidy), ``effects.csv`` and ``runs.csv`` under ``out_dir`` (and
-    ``curves.csv`` when the table has training curves; ``sections``: more Markdown a report wrote); with
-    ``wandb_cfg``, also log the table to W&B (``log_wandb``)."""
+    ``curves.csv`` when the table has training curves; ``sections``: more Markdown a report wrote; ``status``: a
+    line under the title, e.g. what a partial table lacks); with ``wandb_cfg``, also log the table to W&B
+    (``log_wandb``)."""
     records = with_derived(records)
     summary, effect, checks = (
         summarise(records, table, scale),
         effects(records, table, scale),
         phenomena(records, table),
     )
-    markdown = to_markdown(summary, effect, table, scale, checks)
+    markdown = to_markdown(summary, effect, table, scale, checks, status)
     out_dir.mkdir(parents=True, exist_ok=True)
     if curves is not None and len(curves):
         markdown += "\n" + curves_markdown(curves, table)
