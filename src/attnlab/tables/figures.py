@@ -95,8 +95,10 @@ class TableResults:
         costs = self.results / COSTS_CSV
         if costs.is_file():
             panels += self.cost_panels(pd.read_csv(costs))
-        seeds = int(effects["seeds"].max())
+        fewest, seeds = int(effects["seeds"].min()), int(effects["seeds"].max())
         whiskers = "its 95% t-interval" if seeds > 1 else "none (1 seed: no interval)"
+        if fewest < seeds:  # a partial table: some variants still lack seeds
+            seeds = f"{fewest}-{seeds}"
         caption = (
             f"{'; '.join(self.row(str(s), str(r)) for s, r in places)}; {seeds} seed(s)\n"
             f"bars: mean difference with {baseline}, paired by seed; whiskers: {whiskers}"
