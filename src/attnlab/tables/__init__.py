@@ -72,26 +72,21 @@ def reproduce(
     if root is None or runs_dir is None or results_dir is None:
         raise TypeError("a composed table needs root, runs_dir and results_dir (a table's name does not)")
     engine = Engine(table, scale, root=root, runs_dir=runs_dir, force=force, args=args, launcher=launcher)
-    cells = engine.cells()
+    grid = engine.cells()
     engine.check_requirements()
-    if partial:
-        trained = [cell for cell in cells if cell.finished]
-        if not trained:
-            raise ConfigError("partial", "no cell of this table has finished training yet: run it without partial")
-        records = engine.evaluate(trained)
-        status = missing_cells(records, cells)
-        markdown = write(records, table, scale, results_dir, None, engine.trajectories(trained), status=status)
-        save_effects_figure(table, scale, results_dir, engine.row_sizes)
-        print(markdown)
-        return markdown
-    engine.train(cells)
+    cells = [cell for cell in grid if cell.finished] if partial else grid
+    if not cells:
+        raise ConfigError("partial", "no cell of this table has finished training yet: run it without partial")
+    engine.train(cells)  # a partial table's cells are all trained already
+    records = engine.evaluate(cells)
+    status = missing_cells(records, grid)  # None once the table holds every cell
     project = next((c.wandb_project for c in cells if c.wandb_project), None)
     wandb_cfg = None  # logger=wandb cells: the finished table joins their runs' group (its run dir: runs_dir/wandb)
-    if project is not None:
+    if project is not None and status is None:
         wandb_cfg = {"project": project, "group": engine.wandb_group, "tags": engine.wandb_tags(), "dir": str(runs_dir)}
-    records = engine.evaluate(cells)
-    sections = [REPORTS[name](engine, cells, results_dir) for name in table.get("reports") or []]
-    markdown = write(records, table, scale, results_dir, wandb_cfg, engine.trajectories(cells), sections)
+    reports = [] if status else table.get("reports") or []  # a partial table has none yet
+    sections = [REPORTS[name](engine, cells, results_dir) for name in reports]
+    markdown = write(records, table, scale, results_dir, wandb_cfg, engine.trajectories(cells), sections, status)
     save_effects_figure(table, scale, results_dir, engine.row_sizes)
     print(markdown)
     return markdown
