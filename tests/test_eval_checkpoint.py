@@ -116,6 +116,29 @@ def test_evaluate_cli_runs_the_quick_task_set_on_a_checkpoint_copied_alone(
     )
 
 
+def test_evaluate_cli_runs_an_analysis_suite_with_no_lm_eval_task(
+    trained: tuple[Path, dict], tmp_path: Path, data_cache: Path
+) -> None:
+    """``evaluate.py eval=analysis_cpu`` (``tasks: []``), as the README's phenomena runs call it."""
+    out, _ = trained
+    command = [
+        sys.executable,
+        "evaluate.py",
+        f"ckpt_path={out / 'checkpoints' / 'last.ckpt'}",
+        "eval=analysis_cpu",
+        "eval.analysis.metrics=[outliers,w8a8]",
+        "eval.analysis.eval_max_tokens=512",
+        f"hydra.run.dir={tmp_path}/eval",
+        f"paths.cache_dir={data_cache}",
+        f"results_csv={tmp_path}/r.csv",
+    ]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "W8A8 perplexity" in done.stdout and "W8A8 damage" in done.stdout
+    analysis = json.loads((tmp_path / "eval" / "results.json").read_text())["analysis"]
+    assert analysis["w8a8"]["quantized_perplexity"] > 1 and "versions" not in analysis
+
+
 def test_checkpoint_written_before_the_record_still_evaluates(trained: tuple[Path, dict], tmp_path: Path) -> None:
     """The old layout: hyperparameters in the checkpoint, tokenizer.json and .hydra/config.yaml in the run."""
     out, _ = trained
@@ -173,6 +196,8 @@ EVAL_BAD_VALUES = [  # (overrides, the key the one line must name)
     (["device=cpu:1"], "device"),
     (["device=tpu"], "device"),
     (["eval.tasks=[]"], "eval.tasks"),
+    (["eval=analysis_cpu", "eval.tasks=[lambada,'']"], "eval.tasks"),
+    (["eval=analysis_cpu", "eval.analysis=null"], "eval.tasks"),  # with no analysis, nothing would be evaluated
     (["eval=passkey_cpu", "eval.passkey.samples_per_length=0"], "eval.passkey.samples_per_length"),
     (["eval=passkey_cpu", "eval.passkey.context_lengths=[128,-1]"], "eval.passkey.context_lengths"),
 ]
@@ -190,6 +215,16 @@ def test_evaluate_refuses_a_bad_value_before_anything_is_written(overrides: list
     assert refused.value.key == key, str(refused.value)
     assert "\n" not in str(refused.value)
     check_evaluate_config(compose_evaluate([]))  # the defaults pass
+
+
+@pytest.mark.parametrize("suite", ["analysis", "analysis_cpu"])
+def test_an_analysis_suite_needs_no_lm_eval_task(suite: str) -> None:
+    """``eval=analysis`` has ``tasks: []``: its analysis is the whole set (the check once refused it)."""
+    from attnlab.config_checks import check_evaluate_config
+
+    cfg = compose_evaluate([f"eval={suite}"])
+    assert cfg.eval.tasks == [] and cfg.eval.analysis is not None
+    check_evaluate_config(cfg)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the check is for a machine without a GPU")
