@@ -271,7 +271,7 @@ def test_w8a8_perplexity_tracks_bits_and_leaves_the_model_alone(trained: GPT, mo
     assert sixteen["quantized_perplexity"] == pytest.approx(sixteen["fp_perplexity"], rel=1e-5)
     observe, observed = ActivationQuantizer.observe, []
     monkeypatch.setattr(ActivationQuantizer, "observe", lambda self, x: observed.append(observe(self, x)))
-    eight = w8a8_perplexity(trained, evaluation[:1], evaluation)
+    eight = w8a8_perplexity(trained, first, evaluation)
     monkeypatch.undo()
     assert len(observed) == 28  # each point saw the one calibration batch; its range stays frozen for the evaluation
     assert eight["quantized_perplexity"] != fp and math.isfinite(eight["quantized_perplexity"])

@@ -80,6 +80,13 @@ def test_training_evaluates_its_checkpoint_when_asked(trained: tuple[Path, dict]
     assert saved["summary"]["checkpoint"] == results["best_checkpoint"]
 
 
+def run_evaluate(ckpt: Path, tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """``evaluate.py`` on ``ckpt`` in a subprocess; its run directory: tmp_path/eval, its results: tmp_path/r.csv."""
+    command = [sys.executable, "evaluate.py", f"ckpt_path={ckpt}", *overrides]
+    command += [f"hydra.run.dir={tmp_path}/eval", f"results_csv={tmp_path}/r.csv"]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
 def test_evaluate_cli_runs_the_quick_task_set_on_a_checkpoint_copied_alone(
     trained: tuple[Path, dict], tmp_path: Path, data_cache: Path
 ) -> None:
@@ -87,18 +94,7 @@ def test_evaluate_cli_runs_the_quick_task_set_on_a_checkpoint_copied_alone(
     alone = tmp_path / "elsewhere" / "copy.ckpt"
     alone.parent.mkdir()
     shutil.copy(out / "checkpoints" / "last.ckpt", alone)
-    command = [
-        sys.executable,
-        "evaluate.py",
-        f"ckpt_path={alone}",
-        "eval=quick",
-        "limit=2",
-        *PASSKEY,
-        f"hydra.run.dir={tmp_path}/eval",
-        f"paths.cache_dir={data_cache}",
-        f"results_csv={tmp_path}/r.csv",
-    ]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = run_evaluate(alone, tmp_path, "eval=quick", "limit=2", *PASSKEY, f"paths.cache_dir={data_cache}")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "attnlab eval [quick]" in done.stdout and "heldout_word_ppl" in done.stdout
     assert f"results: {tmp_path / 'eval' / 'results.json'}" in done.stdout and f"{tmp_path}/r.csv" in done.stdout
@@ -121,18 +117,8 @@ def test_evaluate_cli_runs_an_analysis_suite_with_no_lm_eval_task(
 ) -> None:
     """``evaluate.py eval=analysis_cpu`` (``tasks: []``), as the README's phenomena runs call it."""
     out, _ = trained
-    command = [
-        sys.executable,
-        "evaluate.py",
-        f"ckpt_path={out / 'checkpoints' / 'last.ckpt'}",
-        "eval=analysis_cpu",
-        "eval.analysis.metrics=[outliers,w8a8]",
-        "eval.analysis.eval_max_tokens=512",
-        f"hydra.run.dir={tmp_path}/eval",
-        f"paths.cache_dir={data_cache}",
-        f"results_csv={tmp_path}/r.csv",
-    ]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    suite = ("eval=analysis_cpu", "eval.analysis.metrics=[outliers,w8a8]", "eval.analysis.eval_max_tokens=512")
+    done = run_evaluate(out / "checkpoints" / "last.ckpt", tmp_path, *suite, f"paths.cache_dir={data_cache}")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "W8A8 perplexity" in done.stdout and "W8A8 damage" in done.stdout
     analysis = json.loads((tmp_path / "eval" / "results.json").read_text())["analysis"]
@@ -248,14 +234,11 @@ def test_evaluate_py_refuses_in_one_line_and_leaves_nothing(
 ) -> None:
     """A task name is checked against lm-eval's index once it is built, still before any file is written."""
     out, _ = trained
-    run_dir = tmp_path / "eval"
-    command = [sys.executable, "evaluate.py", f"ckpt_path={out}/checkpoints/last.ckpt", *overrides]
-    command += ["print_config=false", f"hydra.run.dir={run_dir}", f"results_csv={tmp_path}/results.csv"]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = run_evaluate(out / "checkpoints" / "last.ckpt", tmp_path, *overrides, "print_config=false")
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1].startswith(line), done.stderr[-2000:]
     assert "Traceback" not in done.stderr
-    assert not run_dir.exists() and not (tmp_path / "results.csv").exists()
+    assert not (tmp_path / "eval").exists() and not (tmp_path / "r.csv").exists()
 
 
 def test_a_window_past_learned_positions_is_refused(trained: tuple[Path, dict]) -> None:
