@@ -303,9 +303,9 @@ def check_evaluate_config(cfg: DictConfig, machine: bool = True) -> None:
             require(int(index or 0) < count, "device", f"{device}: torch sees {count} GPU(s)")
     suite = plain_items(cfg.get("eval"))
     tasks = suite.get("tasks")
-    analysis_only = suite.get("analysis") is not None  # eval=analysis(_cpu): the analysis is the whole set
+    with_analysis = suite.get("analysis") is not None  # eval=analysis(_cpu): its analysis may be the whole set
     require(
-        isinstance(tasks, list) and (len(tasks) > 0 or analysis_only) and all(isinstance(t, str) and t for t in tasks),
+        isinstance(tasks, list) and (len(tasks) > 0 or with_analysis) and all(isinstance(t, str) and t for t in tasks),
         "eval.tasks",
         f"must be a non-empty list of lm-eval task names (empty only with eval.analysis), got {tasks!r}",
     )
