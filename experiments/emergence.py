@@ -39,6 +39,13 @@ PANELS = {
         0.2,
         False,
     ),
+    # near 0: each query reads one key (the collapse high learning rates cause), so no attention is left to sink
+    "sinks/attention_entropy_normalized": (
+        "attention entropy (all layers, queries 5+)",
+        "entropy / log(keys seen) (1: uniform)",
+        None,
+        False,
+    ),
     "val/loss": ("held-out loss", "cross-entropy (nats / token)", None, False),
 }
 
@@ -113,10 +120,12 @@ def setup(runs: list[Path]) -> dict[str, str | int]:
 
 
 def plot(curves: pd.DataFrame, title: str, path: Path, tokens_per_step: int) -> None:
-    """One panel per metric, each setting a line (the mean over its seeds, with their min-max band), the checks'
-    thresholds and the paper's value as reference lines on the same axis."""
+    """One panel per metric the runs logged, each setting a line (the mean over its seeds, with their min-max band),
+    the checks' thresholds and the paper's value as reference lines on the same axis."""
     panels = []
     for metric, (panel, ylabel, threshold, log) in PANELS.items():
+        if metric not in set(curves["metric"]):  # runs from before the monitor logged it
+            continue
         thresholds = ((threshold, f"phenomenon check's threshold ({threshold:g})"),) if threshold is not None else ()
         paper = (PAPER[metric],) if metric in PAPER else ()
         panels.append(Panel(metric, panel, ylabel, log=log, thresholds=thresholds, paper=paper))

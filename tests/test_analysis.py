@@ -652,8 +652,9 @@ def test_the_outlier_monitor_reads_the_validation_forwards_of_its_first_batches(
 
 
 def test_the_outlier_monitor_logs_the_sink_share_of_the_same_batches_when_asked() -> None:
-    """``sinks=True``: the first-token shares of ``attention_sinks`` on the monitored batches' inputs (all but the
-    last token of each validation row), beside the outlier statistics; later batches are not read."""
+    """``sinks=True``: the first-token shares and the normalised attention entropy of ``attention_sinks`` on the
+    monitored batches' inputs (all but the last token of each validation row), beside the outlier statistics; later
+    batches are not read."""
 
     from attnlab.eval.analysis.monitor import OutlierMonitor
 
@@ -664,6 +665,8 @@ def test_the_outlier_monitor_logs_the_sink_share_of_the_same_batches_when_asked(
     expected = attention_sinks(model, [row[:, :-1] for row in rows[:2]])
     assert logged["sinks/first_token_share"] == pytest.approx(expected["first_token_share_mean"])
     assert logged["sinks/sink_share"] == pytest.approx(expected["sink_share"])
+    entropy = expected["attention_entropy_normalized"]
+    assert logged["sinks/attention_entropy_normalized"] == pytest.approx(entropy) and 0 < entropy < 1
     # sink_share: layers after the first, queries at positions >= 16 (4 of 20 per row)
     assert expected["sink_share"] == pytest.approx(expected["sink_share_per_layer"][1])
     assert "outliers/kurtosis_max" in logged

@@ -8,12 +8,13 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 import yaml
 
 from tests.conftest import ROOT
 
 
-def fake_run(sweep: Path, name: str, lr: str, kurtosis: list[float]) -> None:
+def fake_run(sweep: Path, name: str, lr: str, kurtosis: list[float], entropy: bool = False) -> None:
     run = sweep / name
     (run / "csv").mkdir(parents=True)
     (run / ".hydra").mkdir()
@@ -32,13 +33,15 @@ def fake_run(sweep: Path, name: str, lr: str, kurtosis: list[float]) -> None:
         rows.append({"step": step, "train/loss": 6.0})  # a training row: no validation metrics
         rows.append({"step": step, "outliers/kurtosis_max": k, "outliers/max_inf_norm": 10 * k})
         rows[-1] |= {"sinks/sink_share": 0.01, "val/loss": 6.0 - i / 10}
+        if entropy:  # logged since 2026-11-27
+            rows[-1] |= {"sinks/attention_entropy_normalized": 0.8 - i / 10}
     pd.DataFrame(rows).to_csv(run / "csv" / "metrics.csv", index=False)
 
 
 def test_curves_and_figure_of_a_search(tmp_path: Path) -> None:
     sweep, out = tmp_path / "search", tmp_path / "out"
     fake_run(sweep, "tiny-vanilla-s1-aaa", "0.002", [17.0, 35.0, 30.0])
-    fake_run(sweep, "tiny-vanilla-s1-bbb", "0.006", [74.0, 121.0])
+    fake_run(sweep, "tiny-vanilla-s1-bbb", "0.006", [74.0, 121.0], entropy=True)
     done = subprocess.run(
         [sys.executable, "experiments/emergence.py", str(sweep), "--out", str(out)],
         cwd=ROOT,
@@ -51,6 +54,8 @@ def test_curves_and_figure_of_a_search(tmp_path: Path) -> None:
     kurtosis = curves[curves["metric"] == "outliers/kurtosis_max"]
     assert set(kurtosis["setting"]) == {"optim.lr=0.002", "optim.lr=0.006"}  # only what differs between runs
     assert kurtosis.groupby("setting")["step"].max().to_dict() == {"optim.lr=0.002": 750, "optim.lr=0.006": 500}
+    entropy = curves[curves["metric"] == "sinks/attention_entropy_normalized"]
+    assert set(entropy["setting"]) == {"optim.lr=0.006"} and entropy["value"].tolist() == pytest.approx([0.8, 0.7])
     assert (out / "emergence.png").stat().st_size > 10_000
     assert "| optim.lr=0.006 |" in done.stdout and "121" in done.stdout  # each setting's last point
 

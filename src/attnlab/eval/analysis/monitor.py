@@ -2,8 +2,10 @@
 table that compares them needs the trajectory, not only the end. ``callbacks.outlier_monitor`` (on by default)
 logs ``outliers/max_inf_norm``, ``outliers/kurtosis_mean`` and ``outliers/kurtosis_max`` at every validation, on
 its first ``batches`` validation batches (the same text each time), with ``activation_outliers``'s module set.
-With ``sinks: true`` it also logs ``sinks/sink_share`` and ``sinks/first_token_share`` (``attention_sinks``) on the
-same batches, so the attention sink's emergence is a curve too: one more forward per monitored batch, through the
+With ``sinks: true`` it also logs ``sinks/sink_share``, ``sinks/first_token_share`` and
+``sinks/attention_entropy_normalized`` (``attention_sinks``; 1 is uniform attention, near 0 every query reads one key:
+the collapse that high learning rates cause, which leaves no attention to sink) on the same batches, so the attention
+sink's emergence is a curve too: one more forward per monitored batch, through the
 plain-math path that exposes the maps, after the validation step (the validation loss is untouched). A model with a
 learned temperature (SSA and its ablations) also logs ``temperatures/token_spread`` (``token_temperature_spread``:
 0 at initialisation), so whether the temperatures have learned anything is a curve as well (``temperatures: false``
@@ -82,6 +84,8 @@ class OutlierMonitor(L.Callback):
                 logged["sinks/first_token_share"] = sinks["first_token_share_mean"]
                 if sinks["sink_share"] is not None:
                     logged["sinks/sink_share"] = sinks["sink_share"]
+                if sinks["attention_entropy_normalized"] is not None:
+                    logged["sinks/attention_entropy_normalized"] = sinks["attention_entropy_normalized"]
             if self.temperatures and self.monitored_inputs:
                 spread = token_temperature_spread(pl_module.model, self.monitored_inputs)
                 if spread is not None:  # only models with a learned temperature
