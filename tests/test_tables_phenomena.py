@@ -21,6 +21,8 @@ from attnlab.tables.collect import (
     paired_interval,
     paired_p_value,
     phenomena,
+    seeds_label,
+    seeds_needed,
     summarise,
     to_markdown,
     with_derived,
@@ -115,6 +117,41 @@ def test_holm_verdicts_beside_the_raw_ones() -> None:
             assert row.verdict_holm == INCONCLUSIVE
         else:
             assert row.verdict_holm == row.verdict
+
+
+def test_seeds_needed_by_hand() -> None:
+    """The fewest seeds whose 95% half-width t(n-1) * sd / sqrt(n) is at most the paper's effect: sd 1 and an effect
+    of 1 need 7 (t(5) 2.571 / sqrt(6) = 1.050 is still wider; t(6) 2.447 / sqrt(7) = 0.925 is not)."""
+    assert seeds_needed([1.0, 2.0, 3.0], 1.0) == 7
+    assert seeds_needed([1.0, 2.0, 3.0], -1.0) == 7  # the effect's size, whichever its side
+    assert seeds_needed([1.0, 2.0, 3.0], 1.06) == 6
+    assert seeds_needed([0.2, 0.2, 0.2], 0.01) == 2  # no spread: two seeds show it
+    assert seeds_needed([0.5], 1.0) is None and seeds_needed([1.0, 2.0], 0.0) is None
+    assert seeds_needed([1.0, 2.0], None) is None
+    assert seeds_needed([0.0, 100.0], 0.001) == 1001 and seeds_label(1001) == ">1000"
+    assert seeds_label(None) == "-" and seeds_label(4.0) == "4"
+
+
+def test_the_effects_say_how_many_seeds_would_resolve_the_papers_effect() -> None:
+    """b's paired differences (0.3, -0.2, 0.1: sd 0.2517) against the paper's -5% of our baseline (10.067: 0.503)
+    need 4 seeds (t(2) 4.303 x 0.2517 / sqrt(3) = 0.625 is wider, t(3) 3.182 x 0.2517 / 2 = 0.400 is not); a's
+    (sd 0.01) need 2; b's W8A8 has no paper value, so nothing to resolve."""
+    data = records([60.0, 70.0, 50.0], w8a8_gap=3.0)
+    effect = effects(data, TABLE, "cpu").set_index(["attention", "column"])
+    assert effect.loc[("b", "ppl"), "seeds_needed"] == 4
+    assert effect.loc[("a", "ppl"), "seeds_needed"] == 2 and effect.loc[("a", "w8"), "seeds_needed"] == 2
+    assert pd.isna(effect.loc[("b", "w8"), "seeds_needed"])
+    markdown = to_markdown(summarise(data, TABLE, "cpu"), effects(data, TABLE, "cpu"), TABLE, "cpu")
+    assert "seeds for paper %" in markdown
+    wider = "Seeds: at 3 seeds the interval is wider than the paper's effect in 1 of 3 comparisons;"
+    assert f"{wider} 5 seeds would narrow 1 of them enough." in markdown
+    vanilla = {r["seed"]: r["perplexity"] for r in data if r["attention"] == "vanilla"}
+    # b now 0.5 below vanilla in every seed, give or take 0.001
+    tight = [
+        r | {"perplexity": vanilla[r["seed"]] - 0.5 - 0.001 * r["seed"]} if r["attention"] == "b" else r for r in data
+    ]
+    markdown = to_markdown(summarise(tight, TABLE, "cpu"), effects(tight, TABLE, "cpu"), TABLE, "cpu")
+    assert "Seeds: at 3 seeds the interval is narrower than the paper's effect in all 3 comparisons." in markdown
 
 
 def test_markdown_opens_with_the_phenomena_and_shows_both_verdicts() -> None:

@@ -44,6 +44,22 @@ def paired_p_value(diffs: list[float]) -> float:
     return float(2 * stats.t.sf(abs(mean) / (sd / math.sqrt(n)), n - 1))
 
 
+MAX_SEEDS = 1000  # seeds_needed's search stops here: beyond it, the spread is too wide to resolve the effect at all
+
+
+def seeds_needed(diffs: list[float], target: float, confidence: float = 0.95) -> int | None:
+    """Fewest seeds whose paired t-interval, at the spread of ``diffs``, has a half-width of at most ``target`` (the
+    paper's effect in our units): with fewer, an effect of the paper's size would leave the interval spanning 0.
+    ``None`` below two seeds (no spread to read) or with no effect to resolve; ``MAX_SEEDS + 1`` beyond the search."""
+    if len(diffs) < 2 or not target or pd.isna(target):
+        return None
+    sd = pd.Series(diffs).std(ddof=1)
+    for n in range(2, MAX_SEEDS + 1):
+        if stats.t.ppf(0.5 + confidence / 2, n - 1) * sd / math.sqrt(n) <= abs(target):
+            return n
+    return MAX_SEEDS + 1
+
+
 def holm(p_values: Sequence[float]) -> list[float]:
     """Holm's step-down adjusted p-values: the k-th smallest times (m - k + 1), kept monotone and at most 1. Valid
     under any dependence between the tests (a cell's fp and W8A8 perplexities are far from independent)."""
@@ -237,19 +253,24 @@ def effects(records: list[dict[str, Any]], table: dict[str, Any], scale: str) ->
                 mean, low, high = paired_interval(diffs)
                 base = by_seed[baseline].mean()
                 p_value = paired_p_value(diffs)
+                paper_pct = 100 * paper_diff / paper_base if paper_diff is not None and paper_base else None
+                # the paper's effect as the same share of our baseline: the difference our seeds must resolve
+                paper_effect = paper_pct / 100 * base if paper_pct is not None and not pd.isna(base) else None
                 rows.append(
                     {"stage": stage, "row": row, "attention": attention, "column": column["paper"], "metric": ours}
                     | {"seeds": len(diffs), "diff": mean, "ci_low": low, "ci_high": high, "p": p_value}
                     | {"paper_diff": paper_diff}
                     | {"diff_pct": 100 * mean / base if base else None}
-                    | {"paper_pct": 100 * paper_diff / paper_base if paper_diff is not None and paper_base else None}
+                    | {"paper_pct": paper_pct, "seeds_needed": seeds_needed(diffs, paper_effect)}
                     | {"verdict": NO_PAPER_VALUE if direction is None else verdict(low, high, direction)}
                 )
     return corrected(pd.DataFrame(rows, columns=EFFECT_COLUMNS[:-2]))
 
 
 EFFECT_COLUMNS = ["stage", "row", "attention", "column", "metric", "seeds", "diff", "ci_low", "ci_high", "p"]
-EFFECT_COLUMNS += ["paper_diff", "diff_pct", "paper_pct", "verdict", "p_holm", "verdict_holm"]
+EFFECT_COLUMNS += ["paper_diff", "diff_pct", "paper_pct", "seeds_needed", "verdict", "p_holm", "verdict_holm"]
+SHOWN_EFFECTS = ["stage", "row", "attention", "column", "seeds", "diff", "interval", "ours_pct", "paper_diff"]
+SHOWN_EFFECTS += ["paper_pct", "seeds_needed"]  # the Markdown's columns before the p-values and verdicts
 
 
 def corrected(effect: pd.DataFrame) -> pd.DataFrame:
@@ -347,10 +368,12 @@ def to_markdown(
             interval=[f"[{lo:+.3f}, {hi:+.3f}]" for lo, hi in zip(effect["ci_low"], effect["ci_high"], strict=True)],
             ours_pct=[percent(v) for v in effect["diff_pct"]],
             paper_pct=[percent(v) for v in effect["paper_pct"]],
-        )[["stage", "row", "attention", "column", "seeds", "diff", "interval", "ours_pct", "paper_diff", "paper_pct"]]
+            seeds_needed=[seeds_label(v) for v in effect["seeds_needed"]],
+        )[SHOWN_EFFECTS]
         if not has_paper:
-            shown = shown.drop(columns=["paper_diff", "paper_pct"])
-        shown = shown.rename(columns={"ours_pct": "diff %", "paper_pct": "paper %"}).assign(
+            shown = shown.drop(columns=["paper_diff", "paper_pct", "seeds_needed"])
+        renamed = {"ours_pct": "diff %", "paper_pct": "paper %", "seeds_needed": "seeds for paper %"}
+        shown = shown.rename(columns=renamed).assign(
             attention=[variant_label(table, a) for a in effect["attention"]],
             p=effect["p"],
             verdict=effect["verdict"],
@@ -366,8 +389,50 @@ def to_markdown(
         ):
             counts = effect[key].value_counts().to_dict()
             lines += ["", f"{label}: " + ", ".join(f"{k} {v}" for k, v in counts.items())]
+        lines += seeds_markdown(effect) if has_paper else []
     lines += claims_markdown(effect, table)
     return "\n".join(lines) + "\n"
+
+
+def seeds_label(value: Any) -> str:
+    """``5``; ``>1000`` past ``seeds_needed``'s search; ``-`` where no paper effect or no spread."""
+    if value is None or pd.isna(value):
+        return "-"
+    return f">{MAX_SEEDS}" if int(value) > MAX_SEEDS else str(int(value))
+
+
+def seeds_markdown(effect: pd.DataFrame) -> list[str]:
+    """What the seeds can resolve: the comparisons whose interval is wider than the paper's effect at the seeds run,
+    and how many of them 5 seeds would resolve at the same spread (the issue's rule: 5 where 3 are too few)."""
+    sized = effect[effect["seeds_needed"].notna()]
+    if not len(sized):
+        return []
+    ran = int(sized["seeds"].max())
+    short = sized[sized["seeds_needed"] > sized["seeds"]]
+    beyond_five = short[short["seeds_needed"] > 5]
+    if not len(short):
+        verdict_line = (
+            f"Seeds: at {ran} seeds the interval is narrower than the paper's effect in all {len(sized)} comparisons."
+        )
+    else:
+        narrowed = len(short) - len(beyond_five)
+        verdict_line = (
+            f"Seeds: at {ran} seeds the interval is wider than the paper's effect in {len(short)} of {len(sized)} "
+            f"comparisons; 5 seeds would narrow {narrowed or 'none'} of them enough"
+            + (
+                f"; the rest need {seeds_label(beyond_five['seeds_needed'].min())} or more."
+                if len(beyond_five)
+                else "."
+            )
+        )
+    return [
+        "",
+        "seeds for paper %: the fewest seeds whose 95% interval, at this spread of the paired differences, is "
+        "narrower (half-width) than the paper's effect taken as the same share of our baseline; with fewer, an effect "
+        "of the paper's size would still read inconclusive.",
+        "",
+        verdict_line,
+    ]
 
 
 def claims_markdown(effect: pd.DataFrame, table: dict[str, Any]) -> list[str]:
