@@ -4,11 +4,14 @@ phenomenon thresholds drawn in, from the runs' ``csv/metrics.csv`` (``conf/exper
     python experiments/emergence.py outputs/emergence/search --out experiments/results/emergence
     python experiments/emergence.py --render --out experiments/results/emergence   # the figure again, from curves.csv
     python experiments/emergence.py outputs/runs/tiny-vanilla-s* --out experiments/results/emergence/gpu  # cells
+    python experiments/emergence.py --evaluations outputs/eval/<id> ... --out experiments/results/emergence/registry
 
 Writes ``curves.csv`` (one row per run, step and metric), ``setup.json`` (what the figure's title names: the model,
 tokens a step, the corpus) and ``emergence.png``; a run still training shows the steps it has logged. Runs that
 differ only in their seed are one setting, drawn as the mean with its min-max band. ``--render`` draws
-``emergence.png`` again from the committed ``curves.csv`` and ``setup.json`` alone.
+``emergence.png`` again from the committed ``curves.csv`` and ``setup.json`` alone. ``--evaluations`` tables what
+``evaluate.py eval=analysis_cpu`` measured on the runs' checkpoints (W8A8 and what it damages, which no training curve
+logs) as ``evaluations.csv``: one row per evaluation, with the run, its setting and the step its checkpoint held.
 """
 
 from __future__ import annotations
@@ -119,6 +122,49 @@ def setup(runs: list[Path]) -> dict[str, str | int]:
     }
 
 
+# evaluations.csv's columns: name -> (analysis.json section, key), each the evaluation's number
+EVALUATED = {
+    "perplexity": ("summary", "perplexity"),
+    "w8a8_perplexity": ("summary", "w8a8_perplexity"),
+    "kurtosis_max": ("summary", "kurtosis_max"),
+    "max_inf_norm": ("summary", "max_inf_norm"),
+    "sink_share": ("summary", "sink_share"),
+    "attention_entropy_normalized": ("summary", "attention_entropy_normalized"),
+    "clipped_share_max": ("w8a8", "clipped_share_max"),
+    "clipped_share_max_at": ("w8a8", "clipped_share_max_at"),
+    "step_over_median_max": ("w8a8", "step_over_median_max"),
+    "step_over_median_max_at": ("w8a8", "step_over_median_max_at"),
+}
+DAMAGE_KINDS = ("residual_sum", "norm_output")  # W8A8's grid step over median |x| where the residual stream is read
+
+
+def evaluations(eval_dirs: list[Path]) -> pd.DataFrame:
+    """One row per ``evaluate.py`` run directory: the run and setting its checkpoint came from, the step it held, and
+    the analysis numbers (``EVALUATED``, the W8A8 gap, the grid step over median |x| of ``DAMAGE_KINDS``)."""
+    found = []
+    for eval_dir in eval_dirs:
+        record = json.loads((eval_dir / "results.json").read_text())
+        analysis = json.loads((eval_dir / "analysis" / "analysis.json").read_text())
+        checkpoint = Path(record["model"]["attnlab_checkpoint"])
+        found.append((eval_dir, record["model"].get("attnlab_checkpoint_step"), checkpoint.parents[1], analysis))
+    run_overrides = {run: overrides(run) for _, _, run, _ in found if (run / ".hydra" / "overrides.yaml").is_file()}
+    shared = set.intersection(*(set(o) for o in run_overrides.values())) if run_overrides else set()
+    rows = []
+    for eval_dir, step, run, analysis in found:
+        given = run_overrides.get(run)
+        setting = "?" if given is None else " ".join(o for o in given if o not in shared) or "defaults"
+        row = {"evaluation": eval_dir.name, "run": run.name, "setting": setting, "step": step}
+        row |= {name: (analysis.get(section) or {}).get(key) for name, (section, key) in EVALUATED.items()}
+        if row["perplexity"] and row["w8a8_perplexity"]:
+            row["w8a8_gap_pct"] = 100 * (row["w8a8_perplexity"] / row["perplexity"] - 1)
+        damage = (analysis.get("w8a8") or {}).get("damage") or {}
+        row |= {f"{kind}_step_over_median": (damage.get(kind) or {}).get("step_over_median") for kind in DAMAGE_KINDS}
+        rows.append(row)
+    first = ["evaluation", "run", "setting", "step", "perplexity", "w8a8_perplexity", "w8a8_gap_pct"]
+    table = pd.DataFrame(rows)
+    return table[first + [c for c in table if c not in first]].sort_values(["setting", "step"], kind="stable")
+
+
 def plot(curves: pd.DataFrame, title: str, path: Path, tokens_per_step: int) -> None:
     """One panel per metric the runs logged, each setting a line (the mean over its seeds, with their min-max band),
     the checks' thresholds and the paper's value as reference lines on the same axis."""
@@ -139,7 +185,14 @@ def main() -> None:
     parser.add_argument("runs", type=Path, nargs="*", help="a sweep directory, or run directories (not with --render)")
     parser.add_argument("--out", type=Path, required=True, help="directory for curves.csv, setup.json, emergence.png")
     parser.add_argument("--render", action="store_true", help="draw emergence.png again from --out's files")
+    parser.add_argument("--evaluations", type=Path, nargs="+", help="evaluate.py run directories: evaluations.csv")
     args = parser.parse_args()
+    if args.evaluations:
+        table = evaluations(args.evaluations)
+        args.out.mkdir(parents=True, exist_ok=True)
+        table.to_csv(args.out / "evaluations.csv", index=False)
+        print(table.to_markdown(index=False, floatfmt=".4g"))
+        return
     if args.render == bool(args.runs):
         parser.error("give a sweep directory or run directories, or --render to draw the committed curves again")
     if args.render:

@@ -82,3 +82,61 @@ def test_seeds_of_one_setting_are_one_curve_and_the_title_facts_are_kept(tmp_pat
     done = subprocess.run([*command[:2], "--render", "--out", str(out)], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert (out / "emergence.png").stat().st_size > 10_000
+
+
+def fake_evaluation(root: Path, name: str, checkpoint: Path, step: int | None, ppl: float, w8a8: float) -> Path:
+    """An ``evaluate.py eval=analysis_cpu`` run directory: results.json names the checkpoint (and, since
+    2026-11-27, its step), analysis.json holds the numbers."""
+    eval_dir = root / name
+    (eval_dir / "analysis").mkdir(parents=True)
+    model = {"attnlab_checkpoint": str(checkpoint)} | ({"attnlab_checkpoint_step": step} if step is not None else {})
+    (eval_dir / "results.json").write_text(json.dumps({"model": model}))
+    summary = {"perplexity": ppl, "w8a8_perplexity": w8a8, "kurtosis_max": 60.0, "max_inf_norm": 170.0}
+    summary |= {"sink_share": 0.005, "attention_entropy_normalized": 0.75}
+    damage = {
+        "residual_sum": {"clipped_share": 0.0, "step_over_median": 0.25},
+        "norm_output": {"step_over_median": 0.5},
+    }
+    w8a8_section = {"clipped_share_max": 1e-4, "clipped_share_max_at": "context", "damage": damage}
+    w8a8_section |= {"step_over_median_max": 4.1, "step_over_median_max_at": "ffn_hidden"}
+    (eval_dir / "analysis" / "analysis.json").write_text(json.dumps({"summary": summary, "w8a8": w8a8_section}))
+    return eval_dir
+
+
+def test_evaluations_of_checkpoints_are_one_row_each_with_their_run_setting_and_step(tmp_path: Path) -> None:
+    """W8A8 on the runs' checkpoints: the run and setting come from the checkpoint's run directory, the step from
+    results.json (left empty for an evaluation from before it was recorded); the gap is computed, not copied."""
+    sweep = tmp_path / "search"
+    fake_run(sweep, "tiny-vanilla-s1-aaa", "0.002", [17.0])
+    fake_run(sweep, "tiny-vanilla-s1-bbb", "0.006", [74.0])
+    evals = [
+        fake_evaluation(
+            tmp_path / "eval", "e2", sweep / "tiny-vanilla-s1-bbb" / "checkpoints" / "last.ckpt", 900, 300.0, 303.0
+        ),
+        fake_evaluation(
+            tmp_path / "eval", "e1", sweep / "tiny-vanilla-s1-aaa" / "checkpoints" / "last.ckpt", 2681, 124.0, 124.5
+        ),
+        fake_evaluation(
+            tmp_path / "eval", "e0", sweep / "tiny-vanilla-s1-aaa" / "checkpoints" / "last.ckpt", None, 130.0, 131.3
+        ),
+    ]
+    out = tmp_path / "out"
+    command = [sys.executable, "experiments/emergence.py", "--evaluations", *map(str, evals), "--out", str(out)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    table = pd.read_csv(out / "evaluations.csv")
+    assert table["evaluation"].tolist() == ["e1", "e0", "e2"]  # by setting, then step (unknown last)
+    assert table["setting"].tolist() == ["optim.lr=0.002", "optim.lr=0.002", "optim.lr=0.006"]
+    assert table["step"].iloc[0] == 2681 and pd.isna(table["step"].iloc[1])
+    assert table["w8a8_gap_pct"].tolist() == pytest.approx([100 * 0.5 / 124, 1.0, 1.0])
+    assert table["residual_sum_step_over_median"].tolist() == [0.25] * 3
+    assert table["norm_output_step_over_median"].tolist() == [0.5] * 3
+    assert list(table.columns[:7]) == [
+        "evaluation",
+        "run",
+        "setting",
+        "step",
+        "perplexity",
+        "w8a8_perplexity",
+        "w8a8_gap_pct",
+    ]

@@ -104,6 +104,7 @@ def test_evaluate_cli_runs_the_quick_task_set_on_a_checkpoint_copied_alone(
     record = json.loads((tmp_path / "eval" / "results.json").read_text())
     assert set(record["versions"]) == {"attnlab_passkey", "attnlab_heldout"} and record["lm_eval_version"]
     assert record["model"]["attnlab_attention"] == ATTENTION
+    assert record["model"]["attnlab_checkpoint_step"] == 3  # trainer.max_steps: which step a moving last.ckpt held
     (row,) = list(csv.DictReader((tmp_path / "r.csv").open()))
     assert row["suite"] == "quick" and float(row["heldout_word_ppl"]) > 1
     # the held-out split is the training run's, rebuilt from the data identity inside the checkpoint

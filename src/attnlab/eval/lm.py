@@ -108,6 +108,8 @@ class AttnlabLM(TemplateLM):
         self.checkpoint, self.pretrained = checkpoint, pretrained
         run = load_checkpoint(checkpoint) if checkpoint else None
         self.run_data = run.data if run is not None else {}  # what rebuilds the run's held-out split
+        # the optimizer steps the checkpoint holds: a run's last.ckpt moves on, so results say which step they scored
+        self.checkpoint_step = run.global_step if run is not None else None
         self.model = model if model is not None else load_model(run, pretrained, attention)
         self._device = resolve_device(device)
         self.model = self.model.to(device=self._device, dtype=DTYPES[dtype]).eval()
@@ -153,6 +155,7 @@ class AttnlabLM(TemplateLM):
         config = self.model.config
         return {
             "attnlab_checkpoint": self.checkpoint,
+            "attnlab_checkpoint_step": self.checkpoint_step,
             "attnlab_pretrained": self.pretrained,
             "attnlab_model": config.name,
             "attnlab_attention": self.model.attention_config.get("name"),
