@@ -42,9 +42,9 @@ PANELS = {
         0.2,
         False,
     ),
-    # near 0: each query reads one key (the collapse high learning rates cause), so no attention is left to sink
+    # near 0: each query reads one key; with a low first-token share that key is not the first (lr 6e-3's collapse)
     "sinks/attention_entropy_normalized": (
-        "attention entropy (all layers, queries 5+)",
+        "attention entropy (all layers, queries at positions >= 4)",
         "entropy / log(keys seen) (1: uniform)",
         None,
         False,
@@ -122,7 +122,7 @@ def setup(runs: list[Path]) -> dict[str, str | int]:
     }
 
 
-# evaluations.csv's columns: name -> (analysis.json section, key), each the evaluation's number
+# evaluations.csv's columns: name -> (analysis.json section, key) of the evaluation's value
 EVALUATED = {
     "perplexity": ("summary", "perplexity"),
     "w8a8_perplexity": ("summary", "w8a8_perplexity"),
@@ -143,25 +143,29 @@ def evaluations(eval_dirs: list[Path]) -> pd.DataFrame:
     the analysis numbers (``EVALUATED``, the W8A8 gap, the grid step over median |x| of ``DAMAGE_KINDS``)."""
     found = []
     for eval_dir in eval_dirs:
+        if not (eval_dir / "analysis" / "analysis.json").is_file():
+            raise SystemExit(f"error: --evaluations: {eval_dir} holds no analysis/analysis.json (eval=analysis_cpu)")
         record = json.loads((eval_dir / "results.json").read_text())
         analysis = json.loads((eval_dir / "analysis" / "analysis.json").read_text())
-        checkpoint = Path(record["model"]["attnlab_checkpoint"])
-        found.append((eval_dir, record["model"].get("attnlab_checkpoint_step"), checkpoint.parents[1], analysis))
-    run_overrides = {run: overrides(run) for _, _, run, _ in found if (run / ".hydra" / "overrides.yaml").is_file()}
+        checkpoint = record["model"].get("attnlab_checkpoint")  # None: a Hugging Face model, no run of ours
+        run = Path(checkpoint).resolve().parents[1] if checkpoint else None  # <run>/checkpoints/<file>.ckpt
+        found.append((eval_dir, record["model"].get("attnlab_checkpoint_step"), run, analysis))
+    run_overrides = {run: overrides(run) for _, _, run, _ in found if run and (run / ".hydra/overrides.yaml").is_file()}
     shared = set.intersection(*(set(o) for o in run_overrides.values())) if run_overrides else set()
     rows = []
     for eval_dir, step, run, analysis in found:
         given = run_overrides.get(run)
         setting = "?" if given is None else " ".join(o for o in given if o not in shared) or "defaults"
-        row = {"evaluation": eval_dir.name, "run": run.name, "setting": setting, "step": step}
+        row = {"evaluation": eval_dir.name, "run": run.name if run else "?", "setting": setting, "step": step}
         row |= {name: (analysis.get(section) or {}).get(key) for name, (section, key) in EVALUATED.items()}
+        row["w8a8_gap_pct"] = None  # without W8A8 in the suite
         if row["perplexity"] and row["w8a8_perplexity"]:
             row["w8a8_gap_pct"] = 100 * (row["w8a8_perplexity"] / row["perplexity"] - 1)
         damage = (analysis.get("w8a8") or {}).get("damage") or {}
         row |= {f"{kind}_step_over_median": (damage.get(kind) or {}).get("step_over_median") for kind in DAMAGE_KINDS}
         rows.append(row)
     first = ["evaluation", "run", "setting", "step", "perplexity", "w8a8_perplexity", "w8a8_gap_pct"]
-    table = pd.DataFrame(rows)
+    table = pd.DataFrame(rows).astype({"step": "Int64"})
     return table[first + [c for c in table if c not in first]].sort_values(["setting", "step"], kind="stable")
 
 
@@ -183,15 +187,19 @@ def plot(curves: pd.DataFrame, title: str, path: Path, tokens_per_step: int) -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", type=Path, nargs="*", help="a sweep directory, or run directories (not with --render)")
-    parser.add_argument("--out", type=Path, required=True, help="directory for curves.csv, setup.json, emergence.png")
+    parser.add_argument(
+        "--out", type=Path, required=True, help="directory for curves.csv, setup.json, emergence.png (evaluations.csv)"
+    )
     parser.add_argument("--render", action="store_true", help="draw emergence.png again from --out's files")
     parser.add_argument("--evaluations", type=Path, nargs="+", help="evaluate.py run directories: evaluations.csv")
     args = parser.parse_args()
     if args.evaluations:
+        if args.runs or args.render:
+            parser.error("--evaluations tables evaluations alone: give runs or --render in another call")
         table = evaluations(args.evaluations)
         args.out.mkdir(parents=True, exist_ok=True)
         table.to_csv(args.out / "evaluations.csv", index=False)
-        print(table.to_markdown(index=False, floatfmt=".4g"))
+        print(table.to_markdown(index=False, floatfmt=".6g"))
         return
     if args.render == bool(args.runs):
         parser.error("give a sweep directory or run directories, or --render to draw the committed curves again")

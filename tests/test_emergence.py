@@ -140,3 +140,13 @@ def test_evaluations_of_checkpoints_are_one_row_each_with_their_run_setting_and_
         "w8a8_perplexity",
         "w8a8_gap_pct",
     ]
+    # a Hugging Face model (no checkpoint of ours) and a suite without W8A8: a row all the same, marked unknown
+    hub = fake_evaluation(tmp_path / "eval", "e3", Path("unused.ckpt"), None, 50.0, 0.0)
+    record = json.loads((hub / "results.json").read_text())
+    (hub / "results.json").write_text(json.dumps({"model": record["model"] | {"attnlab_checkpoint": None}}))
+    done = subprocess.run([*command[:3], str(hub), "--out", str(out)], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    (row,) = pd.read_csv(out / "evaluations.csv").to_dict("records")
+    assert row["run"] == "?" and row["setting"] == "?" and pd.isna(row["w8a8_gap_pct"])
+    done = subprocess.run([*command, "--render"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 2 and "--evaluations tables evaluations alone" in done.stderr

@@ -154,6 +154,21 @@ def test_the_effects_say_how_many_seeds_would_resolve_the_papers_effect() -> Non
     assert "Seeds: at 3 seeds the interval is narrower than the paper's effect in all 3 comparisons." in markdown
 
 
+def test_the_papers_effect_is_read_as_a_share_of_our_baseline_not_in_its_own_units() -> None:
+    """A paper at twice our perplexity (vanilla 20, b 19: -5%) asks b for 0.503 of ours, so 4 seeds, as above; its
+    raw difference (1.0) would ask for 3. At -1% (0.1007 of ours) b needs 27 seeds: t(25) 2.060 x 0.2517 / sqrt(26)
+    = 0.1016 is still wider, t(26) 2.056 x 0.2517 / sqrt(27) = 0.0996 is not."""
+    data = records([60.0, 70.0, 50.0], w8a8_gap=3.0)
+    doubled = {**TABLE, "paper": {"pretrain": {"R": {"vanilla": [20.0, 12.0], "a": [18.0, 10.0], "b": [19.0, None]}}}}
+    assert effects(data, doubled, "cpu").set_index(["attention", "column"]).loc[("b", "ppl"), "seeds_needed"] == 4
+    small = {**TABLE, "paper": {"pretrain": {"R": {"vanilla": [10.0, 12.0], "a": [9.0, 10.0], "b": [9.9, None]}}}}
+    effect = effects(data, small, "cpu")
+    assert effect.set_index(["attention", "column"]).loc[("b", "ppl"), "seeds_needed"] == 27
+    markdown = to_markdown(summarise(data, small, "cpu"), effect, small, "cpu")
+    assert "in 1 of 3 comparisons; 5 seeds would narrow none of them enough; it needs 27." in markdown
+    assert "| 27 " in markdown and "80% power takes about twice the seeds" in markdown
+
+
 def test_markdown_opens_with_the_phenomena_and_shows_both_verdicts() -> None:
     data = with_derived(records([4.0, 4.5, 4.1], w8a8_gap=0.5))
     markdown = to_markdown(

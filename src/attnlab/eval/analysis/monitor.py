@@ -3,13 +3,12 @@ table that compares them needs the trajectory, not only the end. ``callbacks.out
 logs ``outliers/max_inf_norm``, ``outliers/kurtosis_mean`` and ``outliers/kurtosis_max`` at every validation, on
 its first ``batches`` validation batches (the same text each time), with ``activation_outliers``'s module set.
 With ``sinks: true`` it also logs ``sinks/sink_share``, ``sinks/first_token_share`` and
-``sinks/attention_entropy_normalized`` (``attention_sinks``; 1 is uniform attention, near 0 every query reads one key:
-the collapse that high learning rates cause, which leaves no attention to sink) on the same batches, so the attention
-sink's emergence is a curve too: one more forward per monitored batch, through the
-plain-math path that exposes the maps, after the validation step (the validation loss is untouched). A model with a
-learned temperature (SSA and its ablations) also logs ``temperatures/token_spread`` (``token_temperature_spread``:
-0 at initialisation), so whether the temperatures have learned anything is a curve as well (``temperatures: false``
-turns it off)."""
+``sinks/attention_entropy_normalized`` (``attention_sinks``; 1 is uniform attention, near 0 every query reads one
+key, the first or another) on the same batches, so the attention sink's emergence is a curve too: one more forward
+per monitored batch, through the plain-math path that exposes the maps, after the validation step (the validation
+loss is untouched). A model with a learned temperature (SSA and its ablations) also logs
+``temperatures/token_spread`` (``token_temperature_spread``: 0 at initialisation), so whether the temperatures have
+learned anything is a curve as well (``temperatures: false`` turns it off)."""
 
 from __future__ import annotations
 
