@@ -214,8 +214,8 @@ def main() -> None:
         (args.out / "setup.json").write_text(json.dumps(facts, indent=2) + "\n")
     seeds = curves.groupby("setting")["run"].nunique()
     per_setting = f"{seeds.min()}-{seeds.max()} seeds" if seeds.min() < seeds.max() else f"{seeds.min()} seed(s)"
-    swept = curves["setting"].str.contains("optim.lr=").any() or facts.get("lr") is None
-    lr = "lr per setting" if swept else f"lr {facts['lr']:g}"
+    swept = curves["setting"].str.contains("optim.").any() or facts.get("lr") is None
+    lr = "optimizer settings per curve" if swept else f"lr {facts['lr']:g}"
     title = (
         f"Where the papers' phenomena emerge: trained from scratch on data={facts['corpus']}, "
         f"{lr}, {facts.get('schedule', 'schedule as configured')}\n"

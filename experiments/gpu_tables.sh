@@ -7,7 +7,8 @@
 # $OUT gets a log per table, the tables' results (experiments/results/<table>/<scale>/) and every cell's logged
 # metrics and evaluation as one archive, ready to unpack over a checkout and commit.
 #
-# Usage: OUT=/dir TABLES="outliers gating" ARGS="data=registry_text" LIMIT=270 bash experiments/gpu_tables.sh
+# Usage: OUT=/dir TABLES="outliers gating" ARGS="data=registry_text optim.lr=2e-3" LIMIT=270 bash experiments/gpu_tables.sh
+#   (optim.lr=2e-3: the gpu scale's lr 6e-3 collapses attention, README "Where the papers' phenomena appear")
 #   (the device tool gives one command 600 s: keep LIMIT x tables under it, or make one call per table; while the
 #   machine stays warm, the cells a call finished are cached and the next call with the same tables continues)
 #   data=registry_text: `zstd -12 .cache/attnlab/corpus/registry_text-v2.jsonl` here and carry the .zst (25 MB; the
