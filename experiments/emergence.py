@@ -68,13 +68,19 @@ def run_dirs(paths: list[Path]) -> list[Path]:
     return runs
 
 
-def collect(runs: list[Path]) -> pd.DataFrame:
-    """Every logged point of every run; a run's ``setting`` is what its overrides set that others' do not."""
+def setting_labels(runs: list[Path]) -> dict[Path, str]:
+    """Each run's setting: what its overrides set that the other runs' do not (``defaults`` when nothing)."""
     given = {run: overrides(run) for run in runs}
     shared = set.intersection(*(set(o) for o in given.values())) if given else set()
+    return {run: " ".join(o for o in given[run] if o not in shared) or "defaults" for run in runs}
+
+
+def collect(runs: list[Path]) -> pd.DataFrame:
+    """Every logged point of every run; a run's ``setting`` is what its overrides set that others' do not."""
+    labels = setting_labels(runs)
     rows = []
     for run in runs:
-        label = " ".join(o for o in given[run] if o not in shared) or "defaults"
+        label = labels[run]
         logged = pd.read_csv(run / "csv" / "metrics.csv")
         for metric in (m for m in PANELS if m in logged):
             points = logged[["step", metric]].dropna().drop_duplicates("step", keep="last")
@@ -150,13 +156,12 @@ def evaluations(eval_dirs: list[Path]) -> pd.DataFrame:
         checkpoint = record["model"].get("attnlab_checkpoint")  # None: a Hugging Face model, no run of ours
         run = Path(checkpoint).resolve().parents[1] if checkpoint else None  # <run>/checkpoints/<file>.ckpt
         found.append((eval_dir, record["model"].get("attnlab_checkpoint_step"), run, analysis))
-    run_overrides = {run: overrides(run) for _, _, run, _ in found if run and (run / ".hydra/overrides.yaml").is_file()}
-    shared = set.intersection(*(set(o) for o in run_overrides.values())) if run_overrides else set()
+    known = list(dict.fromkeys(run for _, _, run, _ in found if run and (run / ".hydra/overrides.yaml").is_file()))
+    labels = setting_labels(known)
     rows = []
     for eval_dir, step, run, analysis in found:
-        given = run_overrides.get(run)
-        setting = "?" if given is None else " ".join(o for o in given if o not in shared) or "defaults"
-        row = {"evaluation": eval_dir.name, "run": run.name if run else "?", "setting": setting, "step": step}
+        row = {"evaluation": eval_dir.name, "run": run.name if run else "?", "setting": labels.get(run, "?")}
+        row["step"] = step
         row |= {name: (analysis.get(section) or {}).get(key) for name, (section, key) in EVALUATED.items()}
         row["w8a8_gap_pct"] = None  # without W8A8 in the suite
         if row["perplexity"] and row["w8a8_perplexity"]:
@@ -172,9 +177,9 @@ def evaluations(eval_dirs: list[Path]) -> pd.DataFrame:
 def plot(curves: pd.DataFrame, title: str, path: Path, tokens_per_step: int) -> None:
     """One panel per metric the runs logged, each setting a line (the mean over its seeds, with their min-max band),
     the checks' thresholds and the paper's value as reference lines on the same axis."""
-    panels = []
+    panels, logged = [], set(curves["metric"])
     for metric, (panel, ylabel, threshold, log) in PANELS.items():
-        if metric not in set(curves["metric"]):  # runs from before the monitor logged it
+        if metric not in logged:  # runs from before the monitor logged it
             continue
         thresholds = ((threshold, f"phenomenon check's threshold ({threshold:g})"),) if threshold is not None else ()
         paper = (PAPER[metric],) if metric in PAPER else ()
