@@ -24,6 +24,7 @@ import pandas as pd
 import yaml
 
 from attnlab.plots import Panel, curves_figure, parameters_label, save
+from attnlab.tables.collect import phenomena, with_derived
 from attnlab.tables.sizes import config_parameters
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,9 +55,11 @@ PANELS = {
 
 
 def overrides(run_dir: Path) -> list[str]:
-    """What the run was started with, less what does not make a setting (resuming, Hydra's own, the seed)."""
+    """What the run was started with, less what does not make a setting: resuming, Hydra's own, the seed, and the
+    horizon (the learning rate is constant after warmup, so a run extended by raising trainer.max_steps is the same
+    curve, read further)."""
     found = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text())
-    return [o for o in found if not o.startswith(("ckpt_path=", "hydra.", "seed="))]
+    return [o for o in found if not o.startswith(("ckpt_path=", "hydra.", "seed=", "trainer.max_steps="))]
 
 
 def run_dirs(paths: list[Path]) -> list[Path]:
@@ -142,6 +145,7 @@ EVALUATED = {
     "step_over_median_max_at": ("w8a8", "step_over_median_max_at"),
 }
 DAMAGE_KINDS = ("residual_sum", "norm_output")  # W8A8's grid step over median |x| where the residual stream is read
+CHECKS_OF = ("outliers", "gating")  # the tables whose phenomenon checks (outliers; attention sink) each evaluation gets
 
 
 def evaluations(eval_dirs: list[Path]) -> pd.DataFrame:
@@ -155,23 +159,33 @@ def evaluations(eval_dirs: list[Path]) -> pd.DataFrame:
         analysis = json.loads((eval_dir / "analysis" / "analysis.json").read_text())
         checkpoint = record["model"].get("attnlab_checkpoint")  # None: a Hugging Face model, no run of ours
         run = Path(checkpoint).resolve().parents[1] if checkpoint else None  # <run>/checkpoints/<file>.ckpt
-        found.append((eval_dir, record["model"].get("attnlab_checkpoint_step"), run, analysis))
+        found.append((eval_dir, record["model"], run, analysis))
     known = list(dict.fromkeys(run for _, _, run, _ in found if run and (run / ".hydra/overrides.yaml").is_file()))
     labels = setting_labels(known)
     rows = []
-    for eval_dir, step, run, analysis in found:
+    for eval_dir, model, run, analysis in found:
         row = {"evaluation": eval_dir.name, "run": run.name if run else "?", "setting": labels.get(run, "?")}
-        row["step"] = step
+        row |= {"step": model.get("attnlab_checkpoint_step"), "attention": model.get("attnlab_attention")}
         row |= {name: (analysis.get(section) or {}).get(key) for name, (section, key) in EVALUATED.items()}
-        row["w8a8_gap_pct"] = None  # without W8A8 in the suite
-        if row["perplexity"] and row["w8a8_perplexity"]:
-            row["w8a8_gap_pct"] = 100 * (row["w8a8_perplexity"] / row["perplexity"] - 1)
         damage = (analysis.get("w8a8") or {}).get("damage") or {}
         row |= {f"{kind}_step_over_median": (damage.get(kind) or {}).get("step_over_median") for kind in DAMAGE_KINDS}
-        rows.append(row)
+        rows.append({"w8a8_gap_pct": None} | row)  # the gap computed as the tables compute it (None: no W8A8)
     first = ["evaluation", "run", "setting", "step", "perplexity", "w8a8_perplexity", "w8a8_gap_pct"]
-    table = pd.DataFrame(rows).astype({"step": "Int64"})
+    table = checked(pd.DataFrame(with_derived(rows)).astype({"step": "Int64"}))
     return table[first + [c for c in table if c not in first]].sort_values(["setting", "step"], kind="stable")
+
+
+def checked(table: pd.DataFrame) -> pd.DataFrame:
+    """Each evaluation with the ``CHECKS_OF`` tables' phenomenon checks as if it were their baseline's only seed:
+    their thresholds and their code, so "present at step N" here is what that table would print."""
+    from attnlab.tables import load_table
+
+    records = [{"stage": "pretrain", "row": row["evaluation"]} | row for row in table.to_dict("records")]
+    for name in CHECKS_OF:
+        for check in phenomena(records, load_table(name)).itertuples(index=False):
+            column = f"{check.phenomenon.replace(' ', '_')}_check"
+            table.loc[table["evaluation"] == check.row, column] = check.status
+    return table
 
 
 def plot(curves: pd.DataFrame, title: str, path: Path, tokens_per_step: int) -> None:

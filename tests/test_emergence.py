@@ -42,6 +42,10 @@ def test_curves_and_figure_of_a_search(tmp_path: Path) -> None:
     sweep, out = tmp_path / "search", tmp_path / "out"
     fake_run(sweep, "tiny-vanilla-s1-aaa", "0.002", [17.0, 35.0, 30.0])
     fake_run(sweep, "tiny-vanilla-s1-bbb", "0.006", [74.0, 121.0], entropy=True)
+    # the first run was extended past its horizon, from its own checkpoint: still the same setting
+    extended = sweep / "tiny-vanilla-s1-aaa" / ".hydra" / "overrides.yaml"
+    started = [o for o in yaml.safe_load(extended.read_text()) if not o.startswith("ckpt_path=")]
+    extended.write_text(yaml.safe_dump([*started, "trainer.max_steps=12000", "ckpt_path=aaa/checkpoints/last.ckpt"]))
     done = subprocess.run(
         [sys.executable, "experiments/emergence.py", str(sweep), "--out", str(out)],
         cwd=ROOT,
@@ -84,12 +88,13 @@ def test_seeds_of_one_setting_are_one_curve_and_the_title_facts_are_kept(tmp_pat
     assert (out / "emergence.png").stat().st_size > 10_000
 
 
-def fake_evaluation(root: Path, name: str, checkpoint: Path, step: int | None, ppl: float, w8a8: float) -> Path:
+def fake_evaluation(root: Path, name: str, checkpoint: Path, step: int | None, ppl: float, w8a8: float | None) -> Path:
     """An ``evaluate.py eval=analysis_cpu`` run directory: results.json names the checkpoint (and, since
     2026-11-27, its step), analysis.json holds the numbers."""
     eval_dir = root / name
     (eval_dir / "analysis").mkdir(parents=True)
-    model = {"attnlab_checkpoint": str(checkpoint)} | ({"attnlab_checkpoint_step": step} if step is not None else {})
+    model = {"attnlab_checkpoint": str(checkpoint), "attnlab_attention": "vanilla"}
+    model |= {"attnlab_checkpoint_step": step} if step is not None else {}
     (eval_dir / "results.json").write_text(json.dumps({"model": model}))
     summary = {"perplexity": ppl, "w8a8_perplexity": w8a8, "kurtosis_max": 60.0, "max_inf_norm": 170.0}
     summary |= {"sink_share": 0.005, "attention_entropy_normalized": 0.75}
@@ -111,7 +116,7 @@ def test_evaluations_of_checkpoints_are_one_row_each_with_their_run_setting_and_
     fake_run(sweep, "tiny-vanilla-s1-bbb", "0.006", [74.0])
     evals = [
         fake_evaluation(
-            tmp_path / "eval", "e2", sweep / "tiny-vanilla-s1-bbb" / "checkpoints" / "last.ckpt", 900, 300.0, 303.0
+            tmp_path / "eval", "e2", sweep / "tiny-vanilla-s1-bbb" / "checkpoints" / "last.ckpt", 900, 300.0, 306.0
         ),
         fake_evaluation(
             tmp_path / "eval", "e1", sweep / "tiny-vanilla-s1-aaa" / "checkpoints" / "last.ckpt", 2681, 124.0, 124.5
@@ -128,7 +133,10 @@ def test_evaluations_of_checkpoints_are_one_row_each_with_their_run_setting_and_
     assert table["evaluation"].tolist() == ["e1", "e0", "e2"]  # by setting, then step (unknown last)
     assert table["setting"].tolist() == ["optim.lr=0.002", "optim.lr=0.002", "optim.lr=0.006"]
     assert table["step"].iloc[0] == 2681 and pd.isna(table["step"].iloc[1])
-    assert table["w8a8_gap_pct"].tolist() == pytest.approx([100 * 0.5 / 124, 1.0, 1.0])
+    assert table["w8a8_gap_pct"].tolist() == pytest.approx([100 * 0.5 / 124, 1.0, 2.0])
+    # the outliers table's check (kurtosis 60 >= 50 and a W8A8 gap >= 2%) and the gating table's (sink share >= 0.2)
+    assert table["outliers_check"].tolist() == ["absent", "absent", "present"]
+    assert table["attention_sink_check"].tolist() == ["absent"] * 3
     assert table["residual_sum_step_over_median"].tolist() == [0.25] * 3
     assert table["norm_output_step_over_median"].tolist() == [0.5] * 3
     assert list(table.columns[:7]) == [
@@ -141,12 +149,13 @@ def test_evaluations_of_checkpoints_are_one_row_each_with_their_run_setting_and_
         "w8a8_gap_pct",
     ]
     # a Hugging Face model (no checkpoint of ours) and a suite without W8A8: a row all the same, marked unknown
-    hub = fake_evaluation(tmp_path / "eval", "e3", Path("unused.ckpt"), None, 50.0, 0.0)
+    hub = fake_evaluation(tmp_path / "eval", "e3", Path("unused.ckpt"), None, 50.0, None)
     record = json.loads((hub / "results.json").read_text())
     (hub / "results.json").write_text(json.dumps({"model": record["model"] | {"attnlab_checkpoint": None}}))
     done = subprocess.run([*command[:3], str(hub), "--out", str(out)], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     (row,) = pd.read_csv(out / "evaluations.csv").to_dict("records")
     assert row["run"] == "?" and row["setting"] == "?" and pd.isna(row["w8a8_gap_pct"])
+    assert row["outliers_check"] == "not measured"
     done = subprocess.run([*command, "--render"], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 2 and "--evaluations tables evaluations alone" in done.stderr
