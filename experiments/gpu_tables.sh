@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
 # Issue 23 on one GPU (an H100, no network): tables at their `gpu` scale, cells side by side, results to $OUT.
 # Installs .whl/ (experiments/device_wheels.sh) into /tmp/site where the machine lacks Hydra and the rest; the
-# data travel under .cache/attnlab (the device tool's carry: ".whl" and, for the embedded corpus, ".cache/attnlab/packed"
-# and ".cache/attnlab/corpus/wiki_sample-v2.jsonl"; for registry_text, its .zst below).
+# data travel under .cache/attnlab (the device tool's carry: ".whl", ".cache/attnlab/corpus/registry_text-v2.jsonl.zst"
+# and ".cache/attnlab/tokenizers"; the gpu scale trains on registry_text, see below).
 # Each table runs under its own time limit; a table cut short keeps its finished cells (outputs/runs) and says so.
 # $OUT gets a log per table, the tables' results (experiments/results/<table>/<scale>/) and every cell's logged
 # metrics and evaluation as one archive, ready to unpack over a checkout and commit.
 #
-# Usage: OUT=/dir TABLES="outliers gating" ARGS="data=registry_text optim.lr=2e-3" LIMIT=270 bash experiments/gpu_tables.sh
-#   (optim.lr=2e-3: the gpu scale's lr 6e-3 collapses attention, README "Where the papers' phenomena appear")
+# Usage: OUT=/dir TABLES="outliers gating" LIMIT=270 bash experiments/gpu_tables.sh
 #   (the device tool gives one command 600 s: keep LIMIT x tables under it, or make one call per table; while the
 #   machine stays warm, the cells a call finished are cached and the next call with the same tables continues)
-#   data=registry_text: `zstd -12 .cache/attnlab/corpus/registry_text-v2.jsonl` here and carry the .zst (25 MB; the
-#   first cell tokenizes and packs it there, the evaluations read its held-out documents).
-#   SCALE (default gpu), JOBS (cells at once, default 9), LIMIT (seconds per table, default 480), PYTHON.
-# Measured on one H100 (2026-11-26): the outliers table (9 cells of 21M parameters x 16M tokens + evaluations) 311 s.
+#   registry_text: `zstd -12 .cache/attnlab/corpus/registry_text-v2.jsonl` here and carry the .zst (25 MB) with the
+#   tokenizers trained on it here (.cache/attnlab/tokenizers, 1 MB): the first cell packs the corpus there, the
+#   evaluations read its held-out documents.
+#   SCALE (default gpu), ARGS (train.py overrides for every cell), JOBS (cells at once, default 9), LIMIT (seconds per
+#   table, default 480), PYTHON.
+# Measured on one H100 (2026-11-26), the gpu scale's earlier form (9 cells of 21M parameters x 16M tokens on the
+# embedded corpus + evaluations): 311 s. The current form (4.3M parameters x 24.6M tokens) has not run on a GPU yet.
 set -uo pipefail
 : "${OUT:?set OUT to the directory the results go to}"
 cd "$(dirname "$0")/.."
