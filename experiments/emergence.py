@@ -11,7 +11,8 @@ tokens a step, the corpus) and ``emergence.png``; a run still training shows the
 differ only in their seed are one setting, drawn as the mean with its min-max band. ``--render`` draws
 ``emergence.png`` again from the committed ``curves.csv`` and ``setup.json`` alone. ``--evaluations`` tables what
 ``evaluate.py eval=analysis_cpu`` measured on the runs' checkpoints (W8A8 and what it damages, which no training curve
-logs) as ``evaluations.csv``: one row per evaluation, with the run, its setting and the step its checkpoint held.
+logs) as ``evaluations.csv``: one row per evaluation, with the run, its setting, the step its checkpoint held and
+the outliers and gating tables' phenomenon checks; run it first, and the curves then draw its W8A8 gap too.
 """
 
 from __future__ import annotations
@@ -31,12 +32,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # the paper's value on the same metric, drawn on the same axis (Bondarenko et al., vanilla OPT-125m, as the spec
 # quotes it, unverified); its 1,778 kurtosis is an average over modules, not our max, so it is not drawn
-PAPER = {"outliers/max_inf_norm": (340.0, "paper: vanilla OPT-125m, 125M params (340)")}
+PAPER = {
+    "outliers/max_inf_norm": (340.0, "paper: vanilla OPT-125m, 125M params (340)"),
+    "eval/w8a8_gap_pct": (100 * (21.18 / 15.84 - 1), "paper: vanilla OPT-125m W8A8, 125M params (+34%)"),
+}
+EVAL_W8A8 = "eval/w8a8_gap_pct"  # evaluations.csv's W8A8 gap per snapshot: one more curve in curves.csv
 # metric logged while training -> (panel title, y label with its unit, threshold of the table's phenomenon check or
 # None, log y)
 PANELS = {
     "outliers/kurtosis_max": ("max kurtosis over modules", "kurtosis (Gaussian: 3)", 50.0, True),
     "outliers/max_inf_norm": ("max infinity norm over modules", "max |activation| (activation units)", None, True),
+    EVAL_W8A8: ("W8A8 cost (evaluate.py on the snapshots)", "W8A8 perplexity above FP (%)", 2.0, True),
     "sinks/sink_share": (
         "attention sink: first-token share",
         "share of attention (layers 2+, queries 16+)",
@@ -95,40 +101,60 @@ def collect(runs: list[Path]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def with_evaluations(curves: pd.DataFrame, evaluations_csv: Path) -> pd.DataFrame:
+    """The curves and, where ``evaluations.csv`` is there, the W8A8 gap of each drawn run's evaluated snapshots (no
+    training curve logs W8A8); evaluations of other runs, or without a step or a gap, are left out."""
+    if not evaluations_csv.is_file():
+        return curves
+    table = pd.read_csv(evaluations_csv).dropna(subset=["step", "w8a8_gap_pct"])
+    settings = curves.drop_duplicates("run").set_index("run")["setting"]
+    table = table[table["run"].isin(settings.index)]
+    gaps = pd.DataFrame({"run": table["run"], "setting": table["run"].map(settings), "step": table["step"].astype(int)})
+    return pd.concat([curves, gaps.assign(metric=EVAL_W8A8, value=table["w8a8_gap_pct"])], ignore_index=True)
+
+
 def setup(runs: list[Path]) -> dict[str, str | int]:
-    """What the figure's title names, from a run's config (or, with no run at hand, ``experiment=emergence``
-    composed as ``train.py`` would): the model's real size, the tokens of one optimizer step and the corpus."""
+    """What the figure's title names, from the runs' configs (or, with no run at hand, ``experiment=emergence``
+    composed as ``train.py`` would): the models' real sizes, the tokens of one optimizer step and the corpus."""
     from omegaconf import OmegaConf
 
     import attnlab.resolvers  # noqa: F401  (the resolvers runs' configs use, the presets train.yaml composes)
 
     configs = [run / ".hydra" / "config.yaml" for run in runs if (run / ".hydra" / "config.yaml").is_file()]
     if configs:
-        loaded = OmegaConf.load(configs[0])
+        loaded = [OmegaConf.load(config) for config in configs]
     else:
         from hydra import compose, initialize_config_dir
 
         with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-            loaded = compose(config_name="train", overrides=["experiment=emergence"])
+            loaded = [compose(config_name="train", overrides=["experiment=emergence"])]
     # only these parts: others interpolate Hydra's run-time values
     parts = ("model", "attention", "data", "optim")
-    cfg = {key: OmegaConf.to_container(loaded[key], resolve=True) for key in parts if key in loaded}
-    model, data = cfg["model"], cfg["data"]
-    parameters = config_parameters(model, cfg["attention"], data.get("tokenizer_vocab_size"))
-    size = (
-        f"our {model['name']}: {model['n_layer']} layers x {model['n_embd']} wide, {model['n_head']} heads, "
-        f"{parameters_label(parameters)}"
-    )
-    accumulate = (loaded.get("trainer") or {}).get("accumulate_grad_batches") or 1
+    cfgs = [{key: OmegaConf.to_container(c[key], resolve=True) for key in parts if key in c} for c in loaded]
+    sizes = list(dict.fromkeys(model_size(cfg) for cfg in cfgs))
+    name = cfgs[0]["model"]["name"]
+    model = f"our {name}: {sizes[0]}"
+    if len(sizes) > 1:  # a search over the model's size: each curve's model.* settings say which
+        model = f"our {name}: {' / '.join(sizes)} (by each curve's model.* settings)"
+    data, optim = cfgs[0]["data"], cfgs[0].get("optim") or {}
+    accumulate = (loaded[0].get("trainer") or {}).get("accumulate_grad_batches") or 1
     tokens = data.get("batch_size", 0) * data.get("block_size", 0) * accumulate
-    optim = cfg.get("optim") or {}
     return {
-        "model": size,
+        "model": model,
         "tokens_per_step": tokens,
         "corpus": data.get("name", "?"),
         "lr": optim.get("lr"),
         "schedule": f"{optim.get('schedule', '?')} after {optim.get('warmup_steps', '?')} warmup steps",
     }
+
+
+def model_size(cfg: dict) -> str:
+    """``4 layers x 256 wide, 4 heads, 4.3M params``: a run's model as it was built (its vocabulary included)."""
+    model = cfg["model"]
+    parameters = config_parameters(model, cfg["attention"], cfg["data"].get("tokenizer_vocab_size"))
+    return (
+        f"{model['n_layer']} layers x {model['n_embd']} wide, {model['n_head']} heads, {parameters_label(parameters)}"
+    )
 
 
 # evaluations.csv's columns: name -> (analysis.json section, key) of the evaluation's value
@@ -197,6 +223,7 @@ def plot(curves: pd.DataFrame, title: str, path: Path, tokens_per_step: int) -> 
             continue
         thresholds = ((threshold, f"phenomenon check's threshold ({threshold:g})"),) if threshold is not None else ()
         paper = (PAPER[metric],) if metric in PAPER else ()
+        log = log and bool((curves.loc[curves["metric"] == metric, "value"] > 0).all())  # a W8A8 gain: linear
         panels.append(Panel(metric, panel, ylabel, log=log, thresholds=thresholds, paper=paper))
     frame = curves.rename(columns={"metric": "panel", "setting": "series", "run": "seed"})
     xlabel = f"optimizer steps done ({tokens_per_step:,} tokens a step)"
@@ -227,7 +254,7 @@ def main() -> None:
         facts = json.loads((args.out / "setup.json").read_text()) if (args.out / "setup.json").is_file() else setup([])
     else:
         runs = run_dirs(args.runs)
-        curves, facts = collect(runs), setup(runs)
+        curves, facts = with_evaluations(collect(runs), args.out / "evaluations.csv"), setup(runs)
         args.out.mkdir(parents=True, exist_ok=True)
         curves.to_csv(args.out / "curves.csv", index=False)
         (args.out / "setup.json").write_text(json.dumps(facts, indent=2) + "\n")
@@ -238,7 +265,8 @@ def main() -> None:
     title = (
         f"Where the papers' phenomena emerge: trained from scratch on data={facts['corpus']}, "
         f"{lr}, {facts.get('schedule', 'schedule as configured')}\n"
-        f"{facts['model']}; {per_setting} per setting; metrics on held-out text at each validation"
+        f"{facts['model']}\n{per_setting} per setting; metrics on held-out text at each validation"
+        + (", W8A8 on the runs' snapshot checkpoints" if (curves["metric"] == EVAL_W8A8).any() else "")
     )
     plot(curves, title, args.out / "emergence.png", int(facts["tokens_per_step"]))
     last = curves.sort_values("step").groupby(["setting", "run", "metric"]).last()["value"].unstack()

@@ -16,7 +16,7 @@
 #   SCALE (default gpu), ARGS (train.py overrides for every cell), JOBS (cells at once, default 9), LIMIT (seconds per
 #   table, default 480), PYTHON.
 # Measured on one H100 (2026-11-26), the gpu scale's earlier form (9 cells of 21M parameters x 16M tokens on the
-# embedded corpus + evaluations): 311 s. The current form (4.3M parameters x 24.6M tokens) has not run on a GPU yet.
+# embedded corpus + evaluations): 311 s. The current form (4.3M parameters x 16.4M tokens) has not run on a GPU yet.
 set -uo pipefail
 : "${OUT:?set OUT to the directory the results go to}"
 cd "$(dirname "$0")/.."

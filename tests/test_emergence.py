@@ -14,13 +14,13 @@ import yaml
 from tests.conftest import ROOT
 
 
-def fake_run(sweep: Path, name: str, lr: str, kurtosis: list[float], entropy: bool = False) -> None:
+def fake_run(sweep: Path, name: str, lr: str, kurtosis: list[float], entropy: bool = False, layers: int = 2) -> None:
     run = sweep / name
     (run / "csv").mkdir(parents=True)
     (run / ".hydra").mkdir()
     common = ["experiment=emergence", "ckpt_path=${resume_ckpt:}"]
     (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([*common, f"optim.lr={lr}"]))
-    model = {"name": "tiny", "n_layer": 2, "n_embd": 32, "n_head": 2, "block_size": 32}
+    model = {"name": "tiny", "n_layer": layers, "n_embd": 32, "n_head": 2, "block_size": 32}
     config = {
         "model": model,
         "attention": {"name": "vanilla"},
@@ -41,11 +41,16 @@ def fake_run(sweep: Path, name: str, lr: str, kurtosis: list[float], entropy: bo
 def test_curves_and_figure_of_a_search(tmp_path: Path) -> None:
     sweep, out = tmp_path / "search", tmp_path / "out"
     fake_run(sweep, "tiny-vanilla-s1-aaa", "0.002", [17.0, 35.0, 30.0])
-    fake_run(sweep, "tiny-vanilla-s1-bbb", "0.006", [74.0, 121.0], entropy=True)
+    fake_run(sweep, "tiny-vanilla-s1-bbb", "0.006", [74.0, 121.0], entropy=True, layers=3)
     # the first run was extended past its horizon, from its own checkpoint: still the same setting
     extended = sweep / "tiny-vanilla-s1-aaa" / ".hydra" / "overrides.yaml"
     started = [o for o in yaml.safe_load(extended.read_text()) if not o.startswith("ckpt_path=")]
     extended.write_text(yaml.safe_dump([*started, "trainer.max_steps=12000", "ckpt_path=aaa/checkpoints/last.ckpt"]))
+    # W8A8 of snapshots (emergence.py --evaluations, run before): drawn for the runs drawn, by their settings
+    out.mkdir()
+    evaluated = {"run": ["tiny-vanilla-s1-aaa", "tiny-vanilla-s1-aaa", "other-run", "tiny-vanilla-s1-aaa"]}
+    evaluated |= {"step": [500, 750, 500, None], "w8a8_gap_pct": [1.5, 2.5, 9.0, 3.0]}
+    pd.DataFrame(evaluated).to_csv(out / "evaluations.csv", index=False)
     done = subprocess.run(
         [sys.executable, "experiments/emergence.py", str(sweep), "--out", str(out)],
         cwd=ROOT,
@@ -60,8 +65,15 @@ def test_curves_and_figure_of_a_search(tmp_path: Path) -> None:
     assert kurtosis.groupby("setting")["step"].max().to_dict() == {"optim.lr=0.002": 750, "optim.lr=0.006": 500}
     entropy = curves[curves["metric"] == "sinks/attention_entropy_normalized"]
     assert set(entropy["setting"]) == {"optim.lr=0.006"} and entropy["value"].tolist() == pytest.approx([0.8, 0.7])
+    w8a8 = curves[curves["metric"] == "eval/w8a8_gap_pct"]
+    assert w8a8[["setting", "step", "value"]].values.tolist() == [
+        ["optim.lr=0.002", 500, 1.5],
+        ["optim.lr=0.002", 750, 2.5],
+    ]
     assert (out / "emergence.png").stat().st_size > 10_000
     assert "| optim.lr=0.006 |" in done.stdout and "121" in done.stdout  # each setting's last point
+    model = json.loads((out / "setup.json").read_text())["model"]  # both sizes: the curves differ in it
+    assert model.startswith("our tiny: 2 layers x 32 wide") and " / 3 layers x 32 wide" in model
 
 
 def test_seeds_of_one_setting_are_one_curve_and_the_title_facts_are_kept(tmp_path: Path) -> None:

@@ -165,7 +165,8 @@ def test_paper_scale_composes_and_fails_fast_offline(tmp_path: Path) -> None:
 
 
 def test_gpu_scale_composes_and_asks_only_for_a_gpu(tmp_path: Path) -> None:
-    """The gpu scale needs no hub (its corpus is the embedded one, pre-tokenized): without a GPU, one line says so."""
+    """The gpu scale needs no hub (its corpus, registry_text, is carried to the GPU machine as files): without a GPU,
+    one line says so."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
     command = [sys.executable, "experiments/reproduce_table.py", "table=outliers", "scale=gpu"]
     done = subprocess.run([*command, f"runs_dir={tmp_path}/runs"], cwd=ROOT, env=env, capture_output=True, text=True)
