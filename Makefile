@@ -81,7 +81,7 @@ reproduce-table7: $(STAMP)  ## SSA Table 7 (base / weight sharing / feature-base
 reproduce-table8: $(STAMP)  ## SSA Table 8 (temperature baselines: constant, YaRN, frequency vs SSA) -> experiments/results/table8/
 	$(TABLE) table=table8
 
-reproduce-outliers: $(STAMP)  ## Bondarenko et al.: outliers and W8A8 (vanilla / clipped softmax / gated) -> experiments/results/outliers/
+reproduce-outliers: $(STAMP)  ## Bondarenko et al.: outliers and W8A8 (vanilla / clipped softmax / gated; SCALE=cpu|cpu_long|gpu|gpu_wide|paper|smoke; cpu_long: ~9.5 h, where vanilla grows outliers) -> experiments/results/outliers/
 	$(TABLE) table=outliers
 
 reproduce-gating: $(STAMP)  ## Qiu et al.: gate positions G1-G5 and forms (perplexity, sinks, gates) -> experiments/results/gating/
