@@ -30,23 +30,45 @@ from attnlab.tables.sizes import config_parameters
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# the paper's value on the same metric, drawn on the same axis (Bondarenko et al., vanilla OPT-125m, as the spec
-# quotes it, unverified); its 1,778 kurtosis is an average over modules, not our max, so it is not drawn
-PAPER = {
-    "outliers/max_inf_norm": (340.0, "paper: vanilla OPT-125m, 125M params (340)"),
-    "eval/w8a8_gap_pct": (100 * (21.18 / 15.84 - 1), "paper: vanilla OPT-125m W8A8, 125M params (+34%)"),
-}
 EVAL_W8A8 = "eval/w8a8_gap_pct"  # evaluations.csv's W8A8 gap per snapshot: one more curve in curves.csv
-# metric logged while training -> (panel title, y label with its unit, threshold of the table's phenomenon check or
-# None, log y)
+PAPER_TABLE, PAPER_ROW = "outliers", "OPT-125m"  # whose paper numbers the curves draw: Bondarenko et al.'s vanilla
+
+
+def reference_lines() -> tuple[dict[str, float], dict[str, tuple[float, str]]]:
+    """What the panels draw beside the runs, from the tables themselves: the ``CHECKS_OF`` tables' phenomenon
+    thresholds (checked metric -> at least) and the paper's vanilla values from the outliers table's ``paper``
+    numbers (the spec's quotes, unverified; panel metric -> (value, legend)). The paper's kurtosis is an average over
+    modules, not our max, so it is not drawn."""
+    from attnlab.tables import load_table
+
+    tables = {name: load_table(name) for name in {*CHECKS_OF, PAPER_TABLE}}
+    thresholds = {
+        condition["metric"]: condition["at_least"]
+        for name in CHECKS_OF
+        for check in tables[name].get("phenomena") or []
+        for condition in check["conditions"]
+    }
+    paper = tables[PAPER_TABLE]
+    names = [column["paper"] for column in paper["columns"]]
+    values = dict(zip(names, paper["paper"]["pretrain"][PAPER_ROW]["vanilla"], strict=True))
+    gap = with_derived([{"perplexity": values["fp_ppl"], "w8a8_perplexity": values["w8a8_ppl"]}])[0]["w8a8_gap_pct"]
+    inf_norm = values["max_inf_norm"]
+    return thresholds, {
+        "outliers/max_inf_norm": (inf_norm, f"paper: vanilla {PAPER_ROW}, 125M params ({inf_norm:g})"),
+        EVAL_W8A8: (gap, f"paper: vanilla {PAPER_ROW} W8A8, 125M params ({gap:+.0f}%)"),
+    }
+
+
+# metric logged while training -> (panel title, y label with its unit, the phenomenon check's metric whose threshold
+# the panel draws or None, log y)
 PANELS = {
-    "outliers/kurtosis_max": ("max kurtosis over modules", "kurtosis (Gaussian: 3)", 50.0, True),
+    "outliers/kurtosis_max": ("max kurtosis over modules", "kurtosis (Gaussian: 3)", "kurtosis_max", True),
     "outliers/max_inf_norm": ("max infinity norm over modules", "max |activation| (activation units)", None, True),
-    EVAL_W8A8: ("W8A8 cost (evaluate.py on the snapshots)", "W8A8 perplexity above FP (%)", 2.0, True),
+    EVAL_W8A8: ("W8A8 cost (evaluate.py on the snapshots)", "W8A8 perplexity above FP (%)", "w8a8_gap_pct", True),
     "sinks/sink_share": (
         "attention sink: first-token share",
         "share of attention (layers 2+, queries 16+)",
-        0.2,
+        "sink_share",
         False,
     ),
     # near 0: each query reads one key; with a low first-token share that key is not the first (lr 6e-3's collapse)
@@ -163,6 +185,10 @@ EVALUATED = {
     "w8a8_perplexity": ("summary", "w8a8_perplexity"),
     "kurtosis_max": ("summary", "kurtosis_max"),
     "max_inf_norm": ("summary", "max_inf_norm"),
+    "channel_ratio_max": ("outliers", "channel_ratio_max"),  # a module's largest dimension over its median one
+    "channel_ratio_max_module": ("outliers", "channel_ratio_max_module"),
+    "outlier_dim": ("outliers", "outlier_dim"),  # the hidden dimension that is the largest in the most modules
+    "outlier_dim_modules": ("outliers", "outlier_dim_modules"),  # of 5 modules a block + the final norm
     "sink_share": ("summary", "sink_share"),
     "attention_entropy_normalized": ("summary", "attention_entropy_normalized"),
     "clipped_share_max": ("w8a8", "clipped_share_max"),
@@ -197,7 +223,8 @@ def evaluations(eval_dirs: list[Path]) -> pd.DataFrame:
         row |= {f"{kind}_step_over_median": (damage.get(kind) or {}).get("step_over_median") for kind in DAMAGE_KINDS}
         rows.append({"w8a8_gap_pct": None} | row)  # the gap computed as the tables compute it (None: no W8A8)
     first = ["evaluation", "run", "setting", "step", "perplexity", "w8a8_perplexity", "w8a8_gap_pct"]
-    table = checked(pd.DataFrame(with_derived(rows)).astype({"step": "Int64"}))
+    whole = dict.fromkeys(["step", "outlier_dim", "outlier_dim_modules"], "Int64")  # counts, empty where not measured
+    table = checked(pd.DataFrame(with_derived(rows)).astype(whole))
     return table[first + [c for c in table if c not in first]].sort_values(["setting", "step"], kind="stable")
 
 
@@ -218,11 +245,13 @@ def plot(curves: pd.DataFrame, title: str, path: Path, tokens_per_step: int) -> 
     """One panel per metric the runs logged, each setting a line (the mean over its seeds, with their min-max band),
     the checks' thresholds and the paper's value as reference lines on the same axis."""
     panels, logged = [], set(curves["metric"])
-    for metric, (panel, ylabel, threshold, log) in PANELS.items():
+    thresholds_of, papers = reference_lines()
+    for metric, (panel, ylabel, checked_metric, log) in PANELS.items():
         if metric not in logged:  # runs from before the monitor logged it
             continue
+        threshold = thresholds_of.get(checked_metric)
         thresholds = ((threshold, f"phenomenon check's threshold ({threshold:g})"),) if threshold is not None else ()
-        paper = (PAPER[metric],) if metric in PAPER else ()
+        paper = (papers[metric],) if metric in papers else ()
         log = log and bool((curves.loc[curves["metric"] == metric, "value"] > 0).all())  # a W8A8 gain: linear
         panels.append(Panel(metric, panel, ylabel, log=log, thresholds=thresholds, paper=paper))
     frame = curves.rename(columns={"metric": "panel", "setting": "series", "run": "seed"})

@@ -38,6 +38,7 @@ from attnlab.eval.analysis import (
 )
 from attnlab.eval.analysis.outliers import (
     ActivationQuantizer,
+    describe_dimensions,
     install_activation_quantizers,
     mse_weight_range,
     quantization_damage,
@@ -140,6 +141,32 @@ def test_activation_outliers_hook_the_reference_modules_norms_included() -> None
     assert result["kurtosis_mean"] == pytest.approx(sum(kurtoses.values()) / 11)
     assert result["max_inf_norm"] == norms["norm_f"] == max(norms.values())
     assert result["max_inf_norm_module"] == "norm_f" and "norm_f" in result["hooked_modules"]
+    for name, output in captured.items():  # each dimension's max |x| over every token of both batches
+        per_dim = np.abs(output.double().numpy()).reshape(-1, output.shape[-1]).max(axis=0)
+        assert result["modules"][name]["channel_ratio"] == pytest.approx(per_dim.max() / np.median(per_dim))
+        assert result["modules"][name]["top_channels"] == np.argsort(-per_dim)[:3].tolist()
+    assert result["modules"]["norm_f"]["top_channels"][0] == 3
+    ratios = {name: m["channel_ratio"] for name, m in result["modules"].items()}
+    assert result["channel_ratio_max"] == ratios["norm_f"] == max(ratios.values()) > 10
+    assert result["channel_ratio_max_module"] == "norm_f"
+
+
+def test_activation_outliers_name_the_dimension_that_tops_the_most_modules() -> None:
+    """An outlier dimension shared by every norm (the paper's sec. 3: the same few dimensions in every layer) is
+    found as the one that tops the most modules, counted over all of them; without it, no module's largest
+    dimension is ten times its median."""
+    model, batch = tiny(), rows()
+    clean = activation_outliers(model, [batch])
+    with torch.no_grad():
+        for name in ("blocks.0.norm_1", "blocks.0.norm_2", "blocks.1.norm_1", "blocks.1.norm_2", "norm_f"):
+            model.get_submodule(name).weight[5] = 40.0
+    result = activation_outliers(model, [batch])
+    tops = [m["top_channels"][0] for m in result["modules"].values()]
+    assert result["outlier_dim"] == 5 and result["outlier_dim_modules"] == tops.count(5) >= 5
+    assert clean["channel_ratio_max"] < 10 < result["channel_ratio_max"]
+    (line,) = describe_dimensions(result)  # what evaluate.py prints; nothing for analyses that predate it
+    assert f"dim 5 is the largest in {tops.count(5)} of 11 modules" in line
+    assert describe_dimensions({"kurtosis_max": 3.0}) == []
 
 
 def test_quantizers_follow_the_reference_grids() -> None:

@@ -116,7 +116,10 @@ def fake_evaluation(root: Path, name: str, checkpoint: Path, step: int | None, p
     }
     w8a8_section = {"clipped_share_max": 1e-4, "clipped_share_max_at": "context", "damage": damage}
     w8a8_section |= {"step_over_median_max": 4.1, "step_over_median_max_at": "ffn_hidden"}
-    (eval_dir / "analysis" / "analysis.json").write_text(json.dumps({"summary": summary, "w8a8": w8a8_section}))
+    outliers = {"channel_ratio_max": 31.0, "channel_ratio_max_module": "blocks.1.norm_2", "outlier_dim": 7}
+    outliers |= {"outlier_dim_modules": 9}
+    sections = {"summary": summary, "w8a8": w8a8_section, "outliers": outliers}
+    (eval_dir / "analysis" / "analysis.json").write_text(json.dumps(sections))
     return eval_dir
 
 
@@ -151,6 +154,7 @@ def test_evaluations_of_checkpoints_are_one_row_each_with_their_run_setting_and_
     assert table["attention_sink_check"].tolist() == ["absent"] * 3
     assert table["residual_sum_step_over_median"].tolist() == [0.25] * 3
     assert table["norm_output_step_over_median"].tolist() == [0.5] * 3
+    assert table["channel_ratio_max"].tolist() == [31.0] * 3 and table["outlier_dim_modules"].tolist() == [9] * 3
     assert list(table.columns[:7]) == [
         "evaluation",
         "run",

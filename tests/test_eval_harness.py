@@ -68,6 +68,7 @@ def test_table3_task_set_runs_end_to_end_on_local_fixtures(lm: AttnlabLM, tmp_pa
 
     saved = json.loads((tmp_path / "out" / "results.json").read_text())
     assert saved["summary"]["avg"] == pytest.approx(row["avg"])
+    assert saved["torch_threads"] == torch.get_num_threads()  # W8A8 depends on the summation order they set
     rows = list(csv.DictReader(results_csv.open()))
     assert [r["run_id"] for r in rows] == ["earlier", "now"]
     assert rows[0]["only_in_old_rows"] == "1.5" and float(rows[1]["avg"]) == pytest.approx(row["avg"])

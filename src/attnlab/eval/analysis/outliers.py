@@ -71,15 +71,21 @@ def hooked_outputs(model: nn.Module) -> dict[str, nn.Module]:
     return modules
 
 
+TOP_CHANNELS = 3  # the hidden dimensions named per module, largest max |x| first
+
+
 class OutlierStatistics:
-    """Per hooked module, running sums of each sequence's kurtosis and max |x| over its flattened (T*d) output:
-    fed by forward hooks, so the forwards can be anyone's (``activation_outliers``'s own, or the validation loop's
-    under ``callbacks.outlier_monitor``, inside the strategy's wrappers and precision)."""
+    """Per hooked module, running sums of each sequence's kurtosis and max |x| over its flattened (T*d) output, and
+    each hidden dimension's max |x| over every token: fed by forward hooks, so the forwards can be anyone's
+    (``activation_outliers``'s own, or the validation loop's under ``callbacks.outlier_monitor``, inside the
+    strategy's wrappers and precision). The per-dimension maxima say whether a few dimensions set a module's range,
+    the outlier dimensions the paper finds (sec. 3), which a per-tensor 8-bit grid pays for on every value."""
 
     def __init__(self, model: nn.Module, eps: float = 1e-6) -> None:
         self.modules = hooked_outputs(model)
         self.eps = eps
         self.sums = {name: torch.zeros(3, dtype=torch.float64) for name in self.modules}  # kurtosis, inf norm, rows
+        self.channel_max: dict[str, Tensor] = {}  # module -> (d,) max |x| per hidden dimension
 
     @property
     def sequences(self) -> int:
@@ -94,18 +100,26 @@ class OutlierStatistics:
             rows = output.detach().flatten(1)
             kurt, inf = kurtosis(rows, self.eps).sum(), rows.abs().amax(dim=1).double().sum()
             self.sums[name] += torch.stack([kurt, inf, torch.tensor(rows.shape[0], device=kurt.device)]).cpu()
+            channels = torch.linalg.vector_norm(output.detach().flatten(0, -2), ord=math.inf, dim=0).double().cpu()
+            seen = self.channel_max.get(name)
+            self.channel_max[name] = channels if seen is None else torch.maximum(seen, channels)
 
         return hook
 
     def summary(self) -> dict[str, Any]:
-        """Each module's means over sequences; then the max and mean over modules (the seed's table reports the max
-        infinity norm and the mean kurtosis), and which module gave each max."""
+        """Each module's means over sequences and its dimensions' spread; then the max and mean over modules (the
+        seed's table reports the max infinity norm and the mean kurtosis), which module gave each max, and the
+        dimension that tops the most modules."""
         per_module = {
             name: {"kurtosis": (s[0] / s[2]).item(), "max_inf_norm": (s[1] / s[2]).item()}
+            | channel_spread(self.channel_max[name])
             for name, s in self.sums.items()
         }
         kurt = {name: m["kurtosis"] for name, m in per_module.items()}
         norm = {name: m["max_inf_norm"] for name, m in per_module.items()}
+        ratio = {name: m["channel_ratio"] for name, m in per_module.items()}
+        tops = Counter(m["top_channels"][0] for m in per_module.values())
+        outlier_dim, modules_topped = tops.most_common(1)[0]
         return {
             "modules": per_module,
             "hooked_modules": HOOKED_MODULES,
@@ -115,8 +129,20 @@ class OutlierStatistics:
             "max_inf_norm": max(norm.values()),
             "max_inf_norm_module": max(norm, key=norm.get),
             "inf_norm_mean": sum(norm.values()) / len(norm),
+            "channel_ratio_max": max(ratio.values()),
+            "channel_ratio_max_module": max(ratio, key=ratio.get),
+            "outlier_dim": outlier_dim,
+            "outlier_dim_modules": modules_topped,  # of len(modules): how many modules this dimension tops
             "sequences": self.sequences,
         }
+
+
+def channel_spread(channel_max: Tensor) -> dict[str, Any]:
+    """One module's hidden dimensions by their max |x|: the largest over the median (1-3 when no dimension stands
+    out; outlier dimensions make it tens or more) and the ``TOP_CHANNELS`` largest dimensions' indices."""
+    top = channel_max.topk(min(TOP_CHANNELS, channel_max.numel())).indices
+    ratio = channel_max[top[0]] / channel_max.quantile(0.5).clamp_min(torch.finfo(channel_max.dtype).tiny)
+    return {"channel_ratio": ratio.item(), "top_channels": top.tolist()}
 
 
 @torch.no_grad()
@@ -438,12 +464,24 @@ def quantization_damage(points: list[tuple[str, ActivationQuantizer]]) -> dict[s
     return damage
 
 
+def describe_dimensions(summary: dict[str, Any]) -> list[str]:
+    """The per-dimension line, for analyses that have it (records written before 2026-11-27 do not)."""
+    if "channel_ratio_max" not in summary:
+        return []
+    return [
+        f"  top dim / median dim    {summary['channel_ratio_max']:.4g} ({summary['channel_ratio_max_module']}); dim "
+        f"{summary['outlier_dim']} is the largest in {summary['outlier_dim_modules']} of {len(summary['modules'])} "
+        "modules"
+    ]
+
+
 @register_metric(
     "outliers",
     headline={"kurtosis_max": "kurtosis_max", "kurtosis_mean": "kurtosis_mean", "max_inf_norm": "max_inf_norm"},
     describe=lambda s: [
         f"  kurtosis max / mean     {s['kurtosis_max']:.4g} ({s['kurtosis_max_module']}) / {s['kurtosis_mean']:.4g}",
         f"  max inf norm            {s['max_inf_norm']:.4g} ({s['max_inf_norm_module']})",
+        *describe_dimensions(s),
     ],
 )
 def _outliers(inputs: AnalysisInputs) -> dict[str, Any]:
