@@ -138,7 +138,7 @@ class OutlierStatistics:
 
 
 def channel_spread(channel_max: Tensor) -> dict[str, Any]:
-    """One module's hidden dimensions by their max |x|: the largest over the median (1-3 when no dimension stands
+    """One module's hidden dimensions by their max |x|: the largest over the median (a few when no dimension stands
     out; outlier dimensions make it tens or more) and the ``TOP_CHANNELS`` largest dimensions' indices."""
     top = channel_max.topk(min(TOP_CHANNELS, channel_max.numel())).indices
     ratio = channel_max[top[0]] / channel_max.quantile(0.5).clamp_min(torch.finfo(channel_max.dtype).tiny)
