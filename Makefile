@@ -63,13 +63,13 @@ reproduce-table1: $(STAMP)  ## SSA Table 1 / Figure 3 until converged, lr 1e-3 t
 reproduce-table2: $(STAMP)  ## SSA Table 2 (synthetic denoising + L/sigma sweep, ~5 min on 2 cores) -> experiments/results/table2/
 	$(PY) experiments/reproduce_synthetic.py synthetic_table=table2/default $(ARGS)
 
-reproduce-table3: $(STAMP)  ## SSA Table 3 (pretrain + fine-tune, 3 seeds; SCALE=cpu|paper|smoke) -> experiments/results/table3/
+reproduce-table3: $(STAMP)  ## SSA Table 3 (pretrain + fine-tune, 3 seeds; SCALE=cpu|cpu_long|paper|smoke; cpu_long: fine-tunes the outliers table's vanilla cells) -> experiments/results/table3/
 	$(TABLE) table=table3
 
 reproduce-table4: $(STAMP)  ## SSA Table 4 (passkey retrieval; SCALE=cpu|cpu_long|paper|smoke; cpu_long: fine-tuned until vanilla retrieves) -> experiments/results/table4/
 	$(TABLE) table=table4
 
-reproduce-table5: $(STAMP)  ## SSA Table 5 (temperature on K/Q/V, fine-tune; SCALE=cpu|paper|smoke) -> experiments/results/table5/
+reproduce-table5: $(STAMP)  ## SSA Table 5 (temperature on K/Q/V, fine-tune; SCALE=cpu|cpu_long|paper|smoke) -> experiments/results/table5/
 	$(TABLE) table=table5
 
 reproduce-table6: $(STAMP)  ## SSA Table 6 (token vs position temperature on q and v) -> experiments/results/table6/

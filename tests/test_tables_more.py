@@ -12,6 +12,7 @@ import pytest
 from attnlab.errors import ConfigError
 from attnlab.tables import load_table, reproduce
 from attnlab.tables.cells import cell_name
+from attnlab.tables.collect import column_map
 from attnlab.tables.engine import Engine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,6 +35,20 @@ def test_ssa_ablation_tables_share_the_start_and_the_vanilla_fine_tune() -> None
     assert grids["table7"][("pretrain", "vanilla", 1)] != grids["table7"][("start", "vanilla", 1)]
     cpu = load_table("table5", ROOT)["scales"]["cpu"]
     assert "trainer.max_steps=400" in cpu["stage_overrides"]["start"]
+
+
+def test_cpu_long_ablations_start_from_the_outliers_cells_and_share_table3s_fine_tunes() -> None:
+    """At cpu_long every SSA table's start is the outliers table's vanilla cell, and the fine-tunes of the variants
+    two tables have (vanilla, ssa, ssa_shared) are one cell each."""
+    outliers, table3 = cells("outliers", "cpu_long"), cells("table3", "cpu_long")
+    for name in ABLATIONS:
+        grid = cells(name, "cpu_long")
+        assert {stage for stage, _, _ in grid} == {"start", "finetune"}, name
+        for (stage, attention, seed), directory in grid.items():
+            if stage == "start":
+                assert directory == outliers[("pretrain", "vanilla", seed)]
+            elif attention in ("vanilla", "ssa", "ssa_shared"):
+                assert directory == table3[("finetune", attention, seed)], (name, attention)
 
 
 def test_from_scratch_tables_share_their_cells() -> None:
@@ -158,6 +173,37 @@ def test_table3_paper_scale_fine_tunes_the_llama_rows_it_never_pretrains() -> No
     table = load_table("table3", ROOT)
     with pytest.raises(ConfigError, match=r"one model per paper row"):
         Engine({**table, "scales": {**table["scales"], "paper": twice}}, "paper", root=ROOT, runs_dir=Path("unused"))
+
+
+def test_table3_cpu_long_fine_tunes_every_variant_from_the_outliers_tables_vanilla_cells() -> None:
+    """cpu_long pretrains only vanilla (``stage_variants``), and those cells are the outliers table's: trained once,
+    with its sink monitor and corpus; each fine-tune starts from its seed's cell, on the embedded corpus."""
+    engine = Engine(load_table("table3", ROOT), "cpu_long", root=ROOT, runs_dir=Path("/unused"))
+    grid = engine.cells()
+    pretrain = {c.seed: c.directory.name for c in grid if c.stage == "pretrain"}
+    assert {c.attention for c in grid if c.stage == "pretrain"} == {"vanilla"}
+    assert {c.attention for c in grid if c.stage == "finetune"} == {"vanilla", "ssa", "ssa_shared"}
+    outliers = Engine(load_table("outliers", ROOT), "cpu_long", root=ROOT, runs_dir=Path("/unused")).cells()
+    shared = {c.seed: c for c in outliers if c.attention == "vanilla"}
+    assert pretrain == {seed: shared[seed].directory.name for seed in (1, 2, 3)}
+    # the same overrides, callbacks included: whichever table trains the cell, the other reads the same files
+    assert all(set(c.overrides) == set(shared[c.seed].overrides) for c in grid if c.stage == "pretrain")
+    for cell in (c for c in grid if c.stage == "finetune"):
+        cfg = engine.compose(list(cell.overrides))
+        assert Path(cfg.model.init_from).parent.parent.name == pretrain[cell.seed]
+        assert cfg.data.name == "wiki_sample" and cfg.trainer.max_steps == 1000
+    table = load_table("table3", ROOT)
+    bad = {**table["scales"]["cpu_long"], "stage_variants": {"pretrain": ["temp_q"]}}
+    with pytest.raises(ConfigError, match=r"table\.scales\.cpu_long\.stage_variants\.pretrain: a stage of"):
+        Engine({**table, "scales": {**table["scales"], "cpu_long": bad}}, "cpu_long", root=ROOT, runs_dir=Path("u"))
+
+
+def test_a_scale_restates_a_stand_in_and_keeps_the_others() -> None:
+    table = load_table("table3", ROOT)
+    standins = {c["paper"]: c["standin"] for c in column_map(table, "cpu_long")}
+    assert "pretrain: registry_text" in standins["wikitext"]
+    assert {c["paper"]: c["standin"] for c in column_map(table, "cpu")}["wikitext"].endswith("embedded corpus")
+    assert standins["piqa"] is None and column_map(table, "paper")[0]["standin"] is None
 
 
 def test_fine_tune_cells_keep_their_names_when_the_runs_directory_moves() -> None:

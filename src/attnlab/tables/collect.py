@@ -102,8 +102,10 @@ def claims(table: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
 
 def column_map(table: dict[str, Any], scale: str) -> list[dict[str, Any]]:
     """The paper's columns with the metric that stands for each at ``scale`` (``ours`` None: not run); at paper scale
-    a column's own ``ours`` (default: its paper name)."""
-    standins = {} if scale == "paper" else table.get("standins") or {}
+    a column's own ``ours`` (default: its paper name). A scale may restate a stand-in (``scales.<scale>.standins``:
+    table3's cpu_long cells train on another corpus)."""
+    scale_standins = ((table.get("scales") or {}).get(scale) or {}).get("standins") or {}
+    standins = {} if scale == "paper" else (table.get("standins") or {}) | scale_standins
     mapped = []
     for column in table["columns"]:
         standin = standins.get(column["paper"])

@@ -153,6 +153,11 @@ class Engine:
                 raise ConfigError(
                     f"table.variant_overrides.{variant}", f"a list of train.py overrides for one of {variants}"
                 )
+        for stage, variants in (self.settings.get("stage_variants") or {}).items():
+            stages, known = ", ".join(self.table["stages"]), ", ".join(self.table["variants"])
+            if stage not in self.table["stages"] or not set(variants) <= set(self.table["variants"]):
+                key = f"table.scales.{self.scale}.stage_variants.{stage}"
+                raise ConfigError(key, f"a stage of {stages} with variants among {known}")
         from attnlab.tables.reports import CHECKS, REPORTS
 
         for report in self.table.get("reports") or []:
@@ -176,9 +181,12 @@ class Engine:
         return list(self.settings.get("stages") or self.table["stages"])
 
     def variants(self, stage: str) -> list[str]:
-        """The stage's own variants (table4 pretrains only the baseline), else the scale's, else the table's."""
+        """The scale's variants for the stage (``stage_variants``: table3's cpu_long fine-tunes every variant from a
+        vanilla pretraining it shares), else the stage's own (table4 pretrains only the baseline), else the scale's,
+        else the table's."""
         return (
-            (self.table["stages"][stage] or {}).get("variants")
+            (self.settings.get("stage_variants") or {}).get(stage)
+            or (self.table["stages"][stage] or {}).get("variants")
             or self.settings.get("variants")
             or self.table["variants"]
         )
