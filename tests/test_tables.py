@@ -176,7 +176,7 @@ def test_gpu_scale_composes_and_asks_only_for_a_gpu(tmp_path: Path) -> None:
 
 
 def test_unknown_scale_is_one_line_error() -> None:
-    with pytest.raises(ConfigError, match="scale: one of smoke, cpu, paper"):
+    with pytest.raises(ConfigError, match=r"scale: one of smoke, cpu, cpu_long, paper \(got huge\)"):
         Engine(load_table("table3"), "huge", root=ROOT, runs_dir=Path("unused"))
 
 
