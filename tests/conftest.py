@@ -33,6 +33,16 @@ def data_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("attnlab-cache")
 
 
+@pytest.fixture
+def registry_corpus(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A stand-in fingerprint of data=registry_text's corpus, whose content names its cells: naming a cpu_long or gpu
+    grid then needs no built corpus (a fresh clone has none, and building it downloads packages)."""
+    import attnlab.data.registry
+
+    monkeypatch.setattr(attnlab.data.registry, "corpus_fingerprint", lambda cache_dir: "0123456789ab")
+    return "0123456789ab"
+
+
 def compose_config(overrides: list[str], output_dir: Path, cache_dir: Path) -> DictConfig:
     """Compose conf/train.yaml as ``python train.py <overrides>`` would, with outputs under ``output_dir``."""
     GlobalHydra.instance().clear()

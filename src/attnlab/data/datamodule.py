@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from attnlab.data.corpus import CORPUS_VERSION, wiki_sample_documents, write_once
-from attnlab.data.registry import registry_corpus_file
+from attnlab.data.registry import corpus_fingerprint, registry_corpus_file
 from attnlab.data.tokenizer import eos_token_id, load_pretrained_tokenizer, train_bpe_tokenizer
 from attnlab.defaults import CACHE_DIR, DATA_SEED
 from attnlab.digest import digest
@@ -128,6 +128,11 @@ class TextDataModule(L.LightningDataModule):
     def validation_documents(self) -> Dataset | IterableDataset:
         """The held-out documents as text rows, for scoring with lm-eval's rolling perplexity."""
         return self._documents()[1]
+
+    def corpus_sha256(self) -> str | None:
+        """The registry corpus's content fingerprint for the run's record: its text moves with Debian's packages,
+        while the embedded corpus is fixed by the installed package and a packed folder's key holds its text."""
+        return corpus_fingerprint(self.cache_dir) if self.source == "registry" and self.packed_dir is None else None
 
     def unigram_perplexity(self) -> float:
         """Validation perplexity of the add-one unigram model fitted on the training tokens: the baseline to beat."""

@@ -16,6 +16,7 @@ versions found are written into each document's ``source``. The unpacked package
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import re
 import shutil
@@ -483,6 +484,32 @@ def registry_corpus_file(cache_dir: Path, sources: Iterable[Source] = SOURCES) -
         cache_dir / "corpus" / f"registry_text-v{REGISTRY_CORPUS_VERSION}.jsonl",
         registry_documents(cache_dir / "registry", sources),
     )
+
+
+def corpus_fingerprint(cache_dir: Path) -> str:
+    """The first 12 hex digits of the SHA-256 of the built corpus file: Debian's packages move with stable point
+    releases, so the same config can read different text, and a run's name and record carry this to tell them
+    apart. Cached beside the corpus (keyed by its size and modification time), so naming a table's grid reads the
+    98 MB once. A corpus not built yet is one line saying how to build it, never a download at naming time."""
+    path = cache_dir / "corpus" / f"registry_text-v{REGISTRY_CORPUS_VERSION}.jsonl"
+    if not path.is_file():
+        raise ConfigError(
+            "data=registry_text",
+            f"a run's name includes its corpus's content, and {path} is not built yet: run `make corpus-registry`",
+        )
+    stat = path.stat()
+    key = f"{stat.st_size} {stat.st_mtime_ns}"
+    sidecar = path.with_name(path.name + ".sha256")
+    recorded_key, _, recorded = sidecar.read_text().strip().rpartition(" ") if sidecar.is_file() else ("", "", "")
+    if recorded_key == key:
+        return recorded
+    sha = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 20):
+            sha.update(chunk)
+    fingerprint = sha.hexdigest()[:12]
+    sidecar.write_text(f"{key} {fingerprint}\n")
+    return fingerprint
 
 
 def _read(path: Path) -> str:

@@ -214,6 +214,7 @@ def run(cfg: DictConfig, evaluate: Evaluation | None = None) -> dict[str, Any]:
         "val_loss": metrics.get("val/loss"),
         "val_ppl": metrics.get("val/ppl"),
         "unigram_ppl": unigram,
+        "corpus_sha256": datamodule.corpus_sha256(),
         # the final validation's monitored statistics (callbacks.outlier_monitor), for the tables' phenomenon checks
         "monitor": {k: v for k, v in metrics.items() if k.split("/")[0] in ("outliers", "sinks", "temperatures")},
         "steps": trainer.global_step,
