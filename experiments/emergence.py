@@ -235,7 +235,7 @@ def checked(table: pd.DataFrame) -> pd.DataFrame:
 
     records = [{"stage": "pretrain", "row": row["evaluation"]} | row for row in table.to_dict("records")]
     for name in CHECKS_OF:
-        for check in phenomena(records, load_table(name)).itertuples(index=False):
+        for check in phenomena(records, load_table(name), "cpu_long").itertuples(index=False):  # its protocol
             column = f"{check.phenomenon.replace(' ', '_')}_check"
             table.loc[table["evaluation"] == check.row, column] = check.status
     return table

@@ -83,16 +83,16 @@ def records(kurtosis: list[float], w8a8_gap: float) -> list[dict]:
 
 
 def test_phenomena_present_absent_and_not_measured() -> None:
-    checks = phenomena(records([60.0, 70.0, 50.0], w8a8_gap=3.0), TABLE).set_index("phenomenon")
+    checks = phenomena(records([60.0, 70.0, 50.0], w8a8_gap=3.0), TABLE, "cpu").set_index("phenomenon")
     assert checks.loc["outliers", "status"] == PRESENT
     assert "kurtosis_max 60 (>= 50 needed; 3 seed(s))" in checks.loc["outliers", "evidence"]
     assert "w8a8_gap_pct 3 (>= 2 needed" in checks.loc["outliers", "evidence"]
     assert checks.loc["fits", "status"] == PRESENT  # 0.25 of the unigram perplexity
     assert checks.loc["sink", "status"] == NOT_MEASURED
     # the mean decides: 4.2 is far below 50, and one condition failing makes it absent
-    checks = phenomena(records([4.0, 4.5, 4.1], w8a8_gap=3.0), TABLE).set_index("phenomenon")
+    checks = phenomena(records([4.0, 4.5, 4.1], w8a8_gap=3.0), TABLE, "cpu").set_index("phenomenon")
     assert checks.loc["outliers", "status"] == ABSENT and "kurtosis_max 4.2" in checks.loc["outliers", "evidence"]
-    checks = phenomena(records([60.0, 70.0, 50.0], w8a8_gap=1.0), TABLE).set_index("phenomenon")
+    checks = phenomena(records([60.0, 70.0, 50.0], w8a8_gap=1.0), TABLE, "cpu").set_index("phenomenon")
     assert checks.loc["outliers", "status"] == ABSENT
 
 
@@ -172,7 +172,7 @@ def test_the_papers_effect_is_read_as_a_share_of_our_baseline_not_in_its_own_uni
 def test_markdown_opens_with_the_phenomena_and_shows_both_verdicts() -> None:
     data = with_derived(records([4.0, 4.5, 4.1], w8a8_gap=0.5))
     markdown = to_markdown(
-        summarise(data, TABLE, "cpu"), effects(data, TABLE, "cpu"), TABLE, "cpu", phenomena(data, TABLE)
+        summarise(data, TABLE, "cpu"), effects(data, TABLE, "cpu"), TABLE, "cpu", phenomena(data, TABLE, "cpu")
     )
     assert markdown.index("Is the paper's phenomenon there?") < markdown.index("## pretrain")
     assert "- outliers (pretrain, R, vanilla): **absent**: kurtosis_max 4.2" in markdown
@@ -208,15 +208,18 @@ def test_a_check_on_a_variant_reads_that_variants_cells_and_is_not_measured_wher
     rows = records([60.0, 70.0, 50.0], w8a8_gap=3.0)
     for row in rows:
         row["temperature_token_spread"] = {"a": 0.03 * row["seed"], "vanilla": None, "b": 0.0}[row["attention"]]
-    checks = phenomena(rows, table).set_index("phenomenon")
+    checks = phenomena(rows, table, "cpu").set_index("phenomenon")
     assert checks.loc["moved", "status"] == PRESENT and checks.loc["moved", "variant"] == "a"
     assert "temperature_token_spread 0.06 (>= 0.01 needed; 3 seed(s))" in checks.loc["moved", "evidence"]
     assert checks.loc["elsewhere", "status"] == NOT_MEASURED
     either = {**moved, "variant": ["c", "a"]}  # the first the table compares
-    assert phenomena(rows, {**table, "phenomena": [either]}).iloc[0]["variant"] == "a"
+    assert phenomena(rows, {**table, "phenomena": [either]}, "cpu").iloc[0]["variant"] == "a"
+    narrowed = {**table, "scales": {"cpu": {"stage_variants": {"pretrain": ["vanilla"]}}}}
+    assert "moved" not in set(phenomena(rows, narrowed, "cpu")["phenomenon"])  # a stage that never runs ``a``
+    assert set(phenomena(rows, narrowed, "paper")["phenomenon"]) == {"moved", "elsewhere"}
     for row in rows:
         row["temperature_token_spread"] = 0.0 if row["attention"] == "a" else None  # never left its init
-    assert phenomena(rows, table).set_index("phenomenon").loc["moved", "status"] == ABSENT
+    assert phenomena(rows, table, "cpu").set_index("phenomenon").loc["moved", "status"] == ABSENT
 
 
 def test_a_paper_range_is_shown_beside_ours_and_never_judged() -> None:

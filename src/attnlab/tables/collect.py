@@ -155,11 +155,13 @@ def with_derived(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def phenomena(records: list[dict[str, Any]], table: dict[str, Any]) -> pd.DataFrame:
+def phenomena(records: list[dict[str, Any]], table: dict[str, Any], scale: str) -> pd.DataFrame:
     """The table's ``phenomena`` checks: per check, stage and row, the checked variant's (default: the baseline's)
     mean over seeds of each condition's metric against its threshold. Present when every condition holds; not
-    measured when a metric is missing at this scale, or the variant did not run there."""
+    measured when a metric is missing at this scale, or the variant did not run there. A stage whose grid leaves the
+    variant out at this scale (``scales.<scale>.stage_variants``) has no line: nothing there was meant to show it."""
     frame = pd.DataFrame(with_derived(records))
+    stage_variants = ((table.get("scales") or {}).get(scale) or {}).get("stage_variants") or {}
     rows = []
     for check in table.get("phenomena") or []:
         named = check.get("variant", table["baseline"])  # or a list: the first of them the table compares
@@ -167,7 +169,7 @@ def phenomena(records: list[dict[str, Any]], table: dict[str, Any]) -> pd.DataFr
         variant = next((v for v in candidates if v in table.get("variants", [])), candidates[0])
         stages = check.get("stages")
         for (stage, row), cells in frame.groupby(["stage", "row"], sort=False):
-            if stages and stage not in stages:
+            if (stages and stage not in stages) or variant not in stage_variants.get(stage, [variant]):
                 continue
             group = cells[cells["attention"] == variant]  # none at this scale: the check is "not measured"
             parts, holds = [], []
@@ -507,7 +509,7 @@ def write(
     summary, effect, checks = (
         summarise(records, table, scale),
         effects(records, table, scale),
-        phenomena(records, table),
+        phenomena(records, table, scale),
     )
     markdown = to_markdown(summary, effect, table, scale, checks, status)
     out_dir.mkdir(parents=True, exist_ok=True)
