@@ -16,7 +16,9 @@
 #   SCALE (default gpu), ARGS (train.py overrides for every cell), JOBS (cells at once, default 9), LIMIT (seconds per
 #   table, default 480), PYTHON.
 # Measured on one H100 (2026-11-26), the gpu scale's earlier form (9 cells of 21M parameters x 16M tokens on the
-# embedded corpus + evaluations): 311 s. The current form (4.3M parameters x 16.4M tokens) has not run on a GPU yet.
+# embedded corpus + evaluations): 311 s. The current form (4.3M parameters x 16.4M tokens on registry_text), on one
+# H100 (2026-11-27): ~10 min for the outliers table (BPE 30 s + packing 80 s, training 6 min, analyses ~30 s), so
+# LIMIT=530 cut the first call during the analyses and a second call finished them in 55 s.
 set -uo pipefail
 : "${OUT:?set OUT to the directory the results go to}"
 cd "$(dirname "$0")/.."
