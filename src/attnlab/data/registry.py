@@ -18,6 +18,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -508,7 +509,9 @@ def corpus_fingerprint(cache_dir: Path) -> str:
         while chunk := fh.read(1 << 20):
             sha.update(chunk)
     fingerprint = sha.hexdigest()[:12]
-    sidecar.write_text(f"{key} {fingerprint}\n")
+    partial = sidecar.with_name(f"{sidecar.name}.{os.getpid()}.tmp")  # jobs side by side never read half a line
+    partial.write_text(f"{key} {fingerprint}\n")
+    partial.replace(sidecar)
     return fingerprint
 
 
