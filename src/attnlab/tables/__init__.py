@@ -72,8 +72,8 @@ def reproduce(
     if root is None or runs_dir is None or results_dir is None:
         raise TypeError("a composed table needs root, runs_dir and results_dir (a table's name does not)")
     engine = Engine(table, scale, root=root, runs_dir=runs_dir, force=force, args=args, launcher=launcher)
+    engine.check_requirements()  # first: naming a gpu scale's cells reads its corpus, which only that machine may have
     grid = engine.cells()
-    engine.check_requirements()
     cells = [cell for cell in grid if cell.finished] if partial else grid
     if not cells:
         raise ConfigError("partial", "no cell of this table has finished training yet: run it without partial")
