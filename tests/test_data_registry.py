@@ -329,6 +329,37 @@ def test_corpus_fingerprint_follows_the_content_and_names_the_cell(make_config, 
     assert instantiate(embedded.data).corpus_sha256() is None and cell_name(embedded) != named
 
 
+def test_tokenizer_and_packed_blocks_follow_the_corpus_content_not_its_file(make_config, tmp_path: Path) -> None:
+    """A GPU machine unpacks the carried corpus at another path and time; `datasets` fingerprints a file by both, so
+    the tokenizer trained here would be trained again there. Keyed by the corpus's content it is reused, and the
+    packed blocks with it; changed text gets its own."""
+    import os
+
+    cfg = make_config(["data=registry_text"])
+    built = reg.registry_corpus_file(tmp_path / "cache", fake_sources(tmp_path))
+
+    def prepared(cache: Path) -> TextDataModule:
+        dm = instantiate(cfg.data, cache_dir=str(cache), val_fraction=0.1, tokenizer_vocab_size=300, block_size=16)
+        dm.prepare()
+        return dm
+
+    first = prepared(tmp_path / "cache")
+    elsewhere = tmp_path / "elsewhere"
+    for part in ("tokenizers", "packed"):
+        shutil.copytree(tmp_path / "cache" / part, elsewhere / part)
+    moved = reg.registry_corpus_path(elsewhere)
+    moved.parent.mkdir(parents=True)
+    shutil.copyfile(built, moved)
+    os.utime(moved, ns=(built.stat().st_mtime_ns + 10**9,) * 2)
+    again = prepared(elsewhere)
+    assert again.reused_cache and again.tokenizer.to_str() == first.tokenizer.to_str()
+    names = [p.name for p in (tmp_path / "cache" / "tokenizers").iterdir()]
+    assert [p.name for p in (elsewhere / "tokenizers").iterdir()] == names  # none trained again
+    moved.write_text(moved.read_text().replace("Title.", "Title!!"))
+    changed = prepared(elsewhere)
+    assert not changed.reused_cache and len(list((elsewhere / "tokenizers").iterdir())) == 2
+
+
 @pytest.mark.slow
 def test_real_packages_install_and_extract(tmp_path: Path) -> None:
     """The real clients against the registries, on the two smallest packages (one per registry)."""

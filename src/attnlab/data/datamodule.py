@@ -295,7 +295,9 @@ class TextDataModule(L.LightningDataModule):
         identity.update(train_split=self.train_split)
         if self.streaming:  # no fingerprint: the tokenizer's sample is the first documents of the stream
             identity["sample_documents"] = self.tokenizer_train_documents
-        if isinstance(docs, Dataset):
+        if self.source == "registry":  # its content, not datasets' fingerprint of the file's path and mtime, so a
+            identity["corpus_sha256"] = corpus_fingerprint(self.cache_dir)  # tokenizer carried elsewhere is reused
+        elif isinstance(docs, Dataset):
             identity["fingerprint"] = docs._fingerprint
         return identity
 
