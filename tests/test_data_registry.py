@@ -319,6 +319,8 @@ def test_corpus_fingerprint_follows_the_content_and_names_the_cell(make_config, 
     assert first == hashlib.sha256(path.read_bytes()).hexdigest()[:12]
     (record,) = (cache / "sha256").iterdir()  # read once, then remembered by the file's path, size and mtime
     assert json.loads(record.read_text())["sha256"].startswith(first)
+    record.write_text('{"sha256_of": ')  # damaged outside attnlab: the file is read again, not a traceback
+    assert reg.corpus_fingerprint(cache) == first and json.loads(record.read_text())["sha256"].startswith(first)
     named = cell_name(cfg)
     dm = instantiate(cfg.data, tokenizer_vocab_size=300, block_size=16)
     assert dm.corpus_sha256() == first

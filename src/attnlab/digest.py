@@ -33,10 +33,12 @@ def file_sha256(path: Path, cache_dir: Path) -> str:
     stat = path.stat()
     key = {"path": str(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
     record = cache_dir / "sha256" / f"{digest(str(path))}.json"
-    if record.is_file():
+    try:
         remembered = json.loads(record.read_text())
-        if remembered.pop("sha256_of", None) == key:
-            return remembered["sha256"]
+    except (OSError, ValueError):  # none yet, or damaged outside attnlab: read the file again
+        remembered = {}
+    if remembered.get("sha256_of") == key:
+        return remembered["sha256"]
     sha = hashlib.sha256()
     with path.open("rb") as fh:
         while chunk := fh.read(1 << 20):
