@@ -124,7 +124,7 @@ def test_a_results_file_is_replaced_whole_or_not_at_all(tmp_path: Path, monkeypa
     import errno
     import os
 
-    from attnlab.runs import write_atomic
+    from attnlab.files import write_atomic
 
     target = tmp_path / "results.json"
     write_atomic(target, "old")

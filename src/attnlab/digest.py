@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
+
+from attnlab.files import write_atomic
 
 
 def digest(value: Any, length: int = 16) -> str:
@@ -27,8 +28,8 @@ def start_identity(init_from: str) -> str:
 
 def file_sha256(path: Path, cache_dir: Path) -> str:
     """The SHA-256 of a file's content, remembered under ``cache_dir/sha256/`` by its path, size and modification
-    time, so naming a table's grid reads a large corpus once. The record is written whole or not at all: jobs that
-    name cells side by side never read half of one."""
+    time, so naming a table's grid reads a large corpus once. The record is written atomically: jobs that name cells
+    side by side never read half of one."""
     path = path.resolve()
     stat = path.stat()
     key = {"path": str(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
@@ -43,8 +44,5 @@ def file_sha256(path: Path, cache_dir: Path) -> str:
     with path.open("rb") as fh:
         while chunk := fh.read(1 << 20):
             sha.update(chunk)
-    record.parent.mkdir(parents=True, exist_ok=True)
-    partial = record.with_name(f"{record.name}.{os.getpid()}.tmp")
-    partial.write_text(json.dumps({"sha256_of": key, "sha256": sha.hexdigest()}))
-    partial.replace(record)
+    write_atomic(record, json.dumps({"sha256_of": key, "sha256": sha.hexdigest()}))
     return sha.hexdigest()

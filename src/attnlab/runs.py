@@ -33,6 +33,7 @@ from torch import Tensor
 from attnlab.config_checks import check_evaluate_config, check_run_config, check_seed, positive_int, typed
 from attnlab.digest import start_identity
 from attnlab.errors import ConfigError, require, require_choice
+from attnlab.files import write_atomic
 from attnlab.models.config import embedding_rows
 
 if TYPE_CHECKING:
@@ -92,45 +93,6 @@ def locked(path: Path, mode: str = "a+") -> Iterator[IO[str]]:
         fh.close()
     with fh:  # closing the file releases the lock
         yield fh
-
-
-def write_atomic(path: Path, content: str | bytes | Callable[[IO[bytes]], None]) -> None:
-    """Write ``path`` so that a reader, or a crash at any moment, sees the old file or the new one, never a part of
-    either: a temporary file beside it (``.<name>.<random>.tmp``, so the rename never crosses a filesystem), flushed
-    to disk, renamed over it, and the rename made durable. ``content``: text, bytes, or a function that writes into
-    the open binary file (``torch.save``). If the write fails (a full disk) the temporary file is removed and the old
-    file stays as it was."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(descriptor, "wb") as fh:
-            os.fchmod(fh.fileno(), 0o666 & ~current_umask())  # mkstemp's 0600 would hide the file from the group
-            if callable(content):
-                content(fh)
-            else:
-                fh.write(content.encode() if isinstance(content, str) else content)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    fsync_directory(path.parent)
-
-
-def current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def fsync_directory(directory: Path) -> None:
-    """Make a rename itself durable (the directory entry), not only the file's bytes."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # run directory -> the names it held before Hydra wrote into it (recorded by ValidateBeforeWriting); a directory

@@ -30,8 +30,9 @@ from attnlab.eval.heldout import heldout_dataset, scores_own_corpus
 from attnlab.eval.lm import AttnlabLM
 from attnlab.eval.passkey import TASK as PASSKEY_TASK
 from attnlab.eval.passkey import fitting_lengths, per_length_accuracy
+from attnlab.files import write_atomic
 from attnlab.hub import wandb_mode
-from attnlab.runs import locked, output_dir, write_atomic, write_results
+from attnlab.runs import locked, output_dir, write_results
 
 log = logging.getLogger(__name__)
 

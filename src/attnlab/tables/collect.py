@@ -13,7 +13,7 @@ import pandas as pd
 from scipy import stats
 
 from attnlab.errors import ConfigError
-from attnlab.runs import write_atomic
+from attnlab.files import write_atomic
 
 REPRODUCES, OPPOSITE, INCONCLUSIVE = "reproduces", "opposite", "inconclusive"
 NO_PAPER_VALUE = "no paper value"  # the paper gives no number for the variant or the baseline: nothing to judge

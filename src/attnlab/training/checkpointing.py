@@ -23,7 +23,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from attnlab.errors import require
-from attnlab.runs import write_atomic
+from attnlab.files import write_atomic
 
 
 class CheckpointWriteError(OSError):

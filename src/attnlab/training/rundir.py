@@ -19,7 +19,7 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from omegaconf import DictConfig, OmegaConf
 
-from attnlab.runs import write_atomic
+from attnlab.files import write_atomic
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from attnlab.eval.analysis import outliers, sinks, selectivity, pruning  # noqa:
 from attnlab.data.tokenizer import joined_ids
 from attnlab.errors import ConfigError, require
 from attnlab.eval.analysis.common import METRICS, AnalysisInputs, perplexity, unwrap
-from attnlab.runs import write_atomic
+from attnlab.files import write_atomic
 
 log = logging.getLogger(__name__)
 
