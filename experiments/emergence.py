@@ -83,11 +83,12 @@ PANELS = {
 
 
 def overrides(run_dir: Path) -> list[str]:
-    """What the run was started with, less what does not make a setting: resuming, Hydra's own, the seed, and the
-    horizon (the learning rate is constant after warmup, so a run extended by raising trainer.max_steps is the same
-    curve, read further)."""
+    """What the run was started with, less what does not make a setting: resuming, Hydra's own, the seed, the name
+    (cells one table shares with another carry the other's experiment_name) and the horizon (the learning rate is
+    constant after warmup, so a run extended by raising trainer.max_steps is the same curve, read further)."""
     found = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text())
-    return [o for o in found if not o.startswith(("ckpt_path=", "hydra.", "seed=", "trainer.max_steps="))]
+    dropped = ("ckpt_path=", "hydra.", "seed=", "experiment_name=", "trainer.max_steps=")
+    return [o for o in found if not o.startswith(dropped)]
 
 
 def run_dirs(paths: list[Path]) -> list[Path]:

@@ -12,13 +12,17 @@
 #   machine stays warm, the cells a call finished are cached and the next call with the same tables continues)
 #   registry_text: `zstd -12 .cache/attnlab/corpus/registry_text-v2.jsonl` here and carry the .zst (25 MB) with the
 #   tokenizers trained on it here (.cache/attnlab/tokenizers, 1 MB): the first cell packs the corpus there, the
-#   evaluations read its held-out documents.
+#   evaluations read its held-out documents. Cells another table already ran there travel as their records (carry
+#   outputs/runs/<cell>: its results.json, eval/ and csv/, ~0.3 MB, no checkpoints): the engine skips a cell with a
+#   results.json and reads its cached evaluation.
 #   SCALE (default gpu), ARGS (train.py overrides for every cell), JOBS (cells at once, default 9), LIMIT (seconds per
 #   table, default 480), PYTHON.
 # Measured on one H100 (2026-11-26), the gpu scale's earlier form (9 cells of 21M parameters x 16M tokens on the
 # embedded corpus + evaluations): 311 s. The current form (4.3M parameters x 16.4M tokens on registry_text), on one
 # H100 (2026-11-27): ~10 min for the outliers table (BPE 30 s + packing 80 s, training 6 min, analyses ~30 s), so
-# LIMIT=530 cut the first call during the analyses and a second call finished them in 55 s.
+# LIMIT=530 cut the first call during the analyses and a second call finished them in 55 s. The gating table
+# (2026-11-27, JOBS=6, vanilla's 3 cells carried from the outliers run): 453 s in one call (wheels 40 s, packing 81 s
+# with the carried tokenizer reused, training 4.7 min at ~58k tokens/s a cell, analyses).
 set -uo pipefail
 : "${OUT:?set OUT to the directory the results go to}"
 cd "$(dirname "$0")/.."

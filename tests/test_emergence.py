@@ -78,12 +78,14 @@ def test_curves_and_figure_of_a_search(tmp_path: Path) -> None:
 
 def test_seeds_of_one_setting_are_one_curve_and_the_title_facts_are_kept(tmp_path: Path) -> None:
     """A table's cells (run directories given one by one) differ in attention and seed: the seeds of one attention
-    are one setting, and --render draws the figure again from curves.csv and setup.json alone."""
+    are one setting, also when one seed's cell was trained for another table (its experiment_name), and --render draws
+    the figure again from curves.csv and setup.json alone."""
     cells = tmp_path / "runs"
-    for name, seed in (("tiny-vanilla-s1-a", 1), ("tiny-vanilla-s2-b", 2)):
+    for name, seed, table in (("tiny-vanilla-s1-a", 1, "outliers"), ("tiny-vanilla-s2-b", 2, "gating")):
         fake_run(cells, name, "0.006", [50.0 * seed, 60.0 * seed])
         overrides = yaml.safe_load((cells / name / ".hydra" / "overrides.yaml").read_text())
-        (cells / name / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([*overrides, f"seed={seed}"]))
+        overrides += [f"seed={seed}", f"experiment_name={table}-gpu-pretrain"]
+        (cells / name / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
     out = tmp_path / "out"
     command = [sys.executable, "experiments/emergence.py", *map(str, sorted(cells.iterdir())), "--out", str(out)]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
