@@ -83,11 +83,13 @@ PANELS = {
 
 
 def overrides(run_dir: Path) -> list[str]:
-    """What the run was started with, less what does not make a setting: resuming, Hydra's own, the seed, the name
-    (cells one table shares with another carry the other's experiment_name) and the horizon (the learning rate is
-    constant after warmup, so a run extended by raising trainer.max_steps is the same curve, read further)."""
+    """What the run was started with, less what does not make a setting: resuming, checkpoint cadence, printing,
+    Hydra's own, the seed, the name (cells one table shares with another carry the other's experiment_name) and the
+    horizon (the learning rate is constant after warmup, so a run extended by raising trainer.max_steps is the same
+    curve, read further)."""
     found = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text())
-    dropped = ("ckpt_path=", "hydra.", "seed=", "experiment_name=", "trainer.max_steps=")
+    dropped = ("ckpt_path=", "callbacks.last_checkpoint.", "print_config=", "hydra.", "seed=", "experiment_name=")
+    dropped += ("trainer.max_steps=",)
     return [o for o in found if not o.startswith(dropped)]
 
 
@@ -290,8 +292,8 @@ def main() -> None:
         (args.out / "setup.json").write_text(json.dumps(facts, indent=2) + "\n")
     seeds = curves.groupby("setting")["run"].nunique()
     per_setting = f"{seeds.min()}-{seeds.max()} seeds" if seeds.min() < seeds.max() else f"{seeds.min()} seed(s)"
-    swept = curves["setting"].str.contains("optim.").any() or facts.get("lr") is None
-    lr = "optimizer settings per curve" if swept else f"lr {facts['lr']:g}"
+    swept = curves["setting"].str.contains("optim.lr=").any() or facts.get("lr") is None
+    lr = "lr per curve" if swept else f"lr {facts['lr']:g}"
     title = (
         f"Where the papers' phenomena emerge: trained from scratch on data={facts['corpus']}, "
         f"{lr}, {facts.get('schedule', 'schedule as configured')}\n"
