@@ -41,7 +41,7 @@ train: $(STAMP)  ## train the default tiny model on the embedded corpus (extra H
 test: $(STAMP)  ## the default test suite (2,878 tests: 12 min on an idle 2-core AMD EPYC, 2026-11-27; ~19-31 min with a table training beside it)
 	$(PY) -m pytest -q $(ARGS)
 
-test-slow: $(STAMP)  ## the slow tests: longer CPU training runs per variant, kill/resume, make train's numbers, the wheel, plugins, the report in Chromium (89 tests, 21 min on 2 cores, 2026-11-26)
+test-slow: $(STAMP)  ## the slow tests: longer CPU training runs per variant, kill/resume, make train's numbers, the wheel, plugins, the report in Chromium, the GPU script's sweep mode (90 tests, 21 min on 2 cores, 2026-11-26)
 	$(PY) -m pytest -q -m slow $(ARGS)
 
 lint: $(STAMP)  ## ruff check and ruff format --check (what .pre-commit-config.yaml runs on each commit)

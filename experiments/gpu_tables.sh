@@ -17,6 +17,11 @@
 #   results.json and reads its cached evaluation.
 #   SCALE (default gpu), ARGS (train.py overrides for every cell), JOBS (cells at once, default 9), LIMIT (seconds per
 #   table, default 480), PYTHON.
+# Or a train.py sweep instead of tables, its runs in outputs/sweep/ (resumed there while the machine stays warm), cut
+# at LIMIT (each run keeps its last periodic checkpoint), its curves archived every 30 s, e.g. the sink search (README,
+# "Weight decay and the sink"): SWEEP="experiment=emergence trainer=gpu trainer.devices=1 trainer.precision=32-true
+#   data=registry_text data.tokenizer_vocab_size=4096 optim.lr=2e-3 optim.weight_decay=0.5,1.0 trainer.max_steps=16000"
+#   JOBS=2 LIMIT=540 OUT=/dir bash experiments/gpu_tables.sh; then experiments/emergence.py on the unpacked runs.
 # Measured on one H100 (2026-11-26), the gpu scale's earlier form (9 cells of 21M parameters x 16M tokens on the
 # embedded corpus + evaluations): 311 s. The current form (4.3M parameters x 16.4M tokens on registry_text), on one
 # H100 (2026-11-27): ~10 min for the outliers table (BPE 30 s + packing 80 s, training 6 min, analyses ~30 s), so
@@ -53,14 +58,32 @@ for packed in .cache/attnlab/corpus/*.jsonl.zst; do
     "$PYTHON" -c "import sys, zstandard; zstandard.ZstdDecompressor().copy_stream(open(sys.argv[1], 'rb'), \
 open(sys.argv[2], 'wb'))" "$packed" "${packed%.zst}.tmp" && mv "${packed%.zst}.tmp" "${packed%.zst}" || exit 1
 done
-archive() {  # what has finished so far, after every table: a call cut off later keeps it
-    local cells=(outputs/runs/*/csv/metrics.csv outputs/runs/*/results.json outputs/runs/*/eval/*/results.json
-        outputs/runs/*/.hydra/config.yaml outputs/runs/*/.hydra/overrides.yaml outputs/tables)
+archive() {  # what has finished so far (after every table, every 30 s of a sweep): a call cut off later keeps it
+    local runs=$1
+    shift  # then more paths to keep as they are
+    local cells=("$runs"/*/csv/metrics.csv "$runs"/*/results.json "$runs"/*/eval/*/results.json
+        "$runs"/*/.hydra/config.yaml "$runs"/*/.hydra/overrides.yaml "$@")
     local present=()
     for path in "${results[@]}" "${cells[@]}"; do [[ -e "$path" ]] && present+=("$path"); done
     ((${#present[@]})) || return 0
     tar czf "$OUT/results.tgz.tmp" "${present[@]}" && mv "$OUT/results.tgz.tmp" "$OUT/results.tgz" || status=1
 }
+if [[ -n "${SWEEP:-}" ]]; then  # a train.py sweep instead of tables; its runs' curves come back while it trains
+    start=$SECONDS
+    # shellcheck disable=SC2086  # SWEEP is a list of overrides, split on spaces
+    timeout -s INT -k 60 "$LIMIT" "$PYTHON" -m attnlab.cli.train -m $SWEEP hydra.sweep.dir=outputs/sweep \
+        'hydra.sweep.subdir=${cell_dir:}' 'ckpt_path=${resume_ckpt:}' hydra/launcher=joblib \
+        "hydra.launcher.n_jobs=$JOBS" >"$OUT/sweep.log" 2>&1 &
+    sweep=$!
+    while kill -0 "$sweep" 2>/dev/null; do sleep 30; archive outputs/sweep; done
+    wait "$sweep"
+    rc=$?
+    stopped="124: stopped at LIMIT, runs kept their last periodic checkpoint"
+    echo "sweep: exit $rc after $((SECONDS - start)) s ($stopped)" | tee -a "$OUT/summary.txt"
+    archive outputs/sweep
+    ls -la "$OUT"
+    exit $((rc == 0 || rc == 124 ? status : 1))
+fi
 for table in $TABLES; do
     start=$SECONDS
     timeout -k 30 "$LIMIT" "$PYTHON" -m attnlab.cli.table "table=$table" "scale=$SCALE" "args='$ARGS'" \
@@ -69,7 +92,7 @@ for table in $TABLES; do
     echo "$table at $SCALE: exit $rc after $((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
     ((rc == 0)) || { status=1; tail -20 "$OUT/$table.log"; }
     results+=("experiments/results/$table/$SCALE")
-    archive
+    archive outputs/runs outputs/tables
 done
 ls -la "$OUT"
 exit $status
