@@ -62,6 +62,7 @@ archive() {  # what has finished so far (after every table, every 30 s of a swee
     local runs=$1
     shift  # then more paths to keep as they are
     local cells=("$runs"/*/csv/metrics.csv "$runs"/*/results.json "$runs"/*/eval/*/results.json
+        "$runs"/*/eval/*/analysis/*.csv "$runs"/*/eval/*/analysis/analysis.json  # the pruning table reads them
         "$runs"/*/.hydra/config.yaml "$runs"/*/.hydra/overrides.yaml "$@")
     local present=()
     for path in "${results[@]}" "${cells[@]}"; do [[ -e "$path" ]] && present+=("$path"); done

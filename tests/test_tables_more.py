@@ -88,9 +88,13 @@ def test_unknown_report_is_a_config_error() -> None:
         Engine(table, "smoke", root=ROOT, runs_dir=Path("unused"))
 
 
-def test_pruning_and_outlier_tables_end_to_end(tmp_path: Path, data_cache: Path) -> None:
+def test_pruning_and_outlier_tables_end_to_end(
+    tmp_path: Path, data_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The pruning table at smoke scale (2 cells, the analysis suite), then the outlier table on the same cells:
-    analysis columns, outlier curves while training, the pruning report, W8A8 calibrated on training text."""
+    analysis columns, outlier curves while training, the pruning report, W8A8 calibrated on training text. Cells
+    trained and evaluated elsewhere make a table here even at a scale that needs a GPU; a missing evaluation asks
+    for the GPU."""
     settings = {"root": ROOT, "runs_dir": tmp_path / "runs", "args": [f"paths.cache_dir={data_cache}"]}
     markdown = reproduce(load_table("pruning", ROOT), "smoke", results_dir=tmp_path / "pruning", **settings)
     results = tmp_path / "pruning"
@@ -123,6 +127,14 @@ def test_pruning_and_outlier_tables_end_to_end(tmp_path: Path, data_cache: Path)
     line = f"- outliers (pretrain, OPT-125m, vanilla): **{status}**: kurtosis_max {vanilla['kurtosis_max']:.4g}"
     assert line in outliers and outliers.index(line) < outliers.index("## pretrain")
     assert {"sink_share", "val_ppl", "unigram_ppl"} <= set(runs) and runs["unigram_ppl"].gt(1).all()
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    gpu_only = load_table("pruning", ROOT)
+    gpu_only["scales"]["smoke"]["requires"] = {"gpu": True}  # as if these cells had come back from a GPU machine
+    carried = reproduce(gpu_only, "smoke", results_dir=tmp_path / "carried", **settings)
+    assert carried == markdown.replace(str(tmp_path / "pruning"), str(tmp_path / "carried"))
+    next((tmp_path / "runs").glob("tiny-gated-*/eval/analysis_cpu/results.json")).unlink()
+    with pytest.raises(ConfigError, match=r"scale: smoke needs GPUs \(torch sees none\)"):
+        reproduce(gpu_only, "smoke", results_dir=tmp_path / "carried", **settings)
 
 
 def smoke(name: str, tmp_path: Path, data_cache: Path) -> pd.DataFrame:

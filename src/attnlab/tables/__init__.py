@@ -72,11 +72,16 @@ def reproduce(
     if root is None or runs_dir is None or results_dir is None:
         raise TypeError("a composed table needs root, runs_dir and results_dir (a table's name does not)")
     engine = Engine(table, scale, root=root, runs_dir=runs_dir, force=force, args=args, launcher=launcher)
-    engine.check_requirements()  # first: naming a gpu scale's cells reads its corpus, which only that machine may have
-    grid = engine.cells()
+    try:
+        grid = engine.cells()
+    except ConfigError:  # naming a gpu scale's cells reads its corpus, which only that machine may have
+        engine.check_requirements()  # so a scale this machine cannot run says that first
+        raise
     cells = [cell for cell in grid if cell.finished] if partial else grid
     if not cells:
         raise ConfigError("partial", "no cell of this table has finished training yet: run it without partial")
+    if not all(cell.finished and engine.evaluated(cell) for cell in cells):
+        engine.check_requirements()  # cells trained and evaluated elsewhere (a GPU's, carried back) need nothing more
     engine.train(cells)  # a partial table's cells are all trained already
     records = engine.evaluate(cells)
     status = missing_cells(records, grid)  # None once the table holds every cell

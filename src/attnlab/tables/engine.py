@@ -371,7 +371,7 @@ class Engine:
         for cell in cells:
             out = self.eval_dir(cell)
             cached = out / "results.json"
-            if not cached.is_file() or predates_headlines(json.loads(cached.read_text())):
+            if not self.evaluated(cell):
                 wandb_cfg = self.eval_wandb(cell)
                 evaluate_cell(cell, suite, out, limit=spec.get("limit"), cache_dir=cell.cache_dir, wandb_cfg=wandb_cfg)
             result = json.loads(cached.read_text())
@@ -390,6 +390,14 @@ class Engine:
     def shown(self, path: Path) -> str:
         """``path`` relative to the repository when inside it (runs.csv is committed: no machine's checkout in it)."""
         return str(path.relative_to(self.root)) if path.is_relative_to(self.root) else str(path)
+
+    def evaluated(self, cell: Cell) -> bool:
+        """Whether the cell's evaluation on this scale's suite is cached and current (not from before the headline
+        metrics it must hold)."""
+        import json
+
+        cached = self.eval_dir(cell) / "results.json"
+        return cached.is_file() and not predates_headlines(json.loads(cached.read_text()))
 
     def eval_dir(self, cell: Cell) -> Path:
         """Where the cell's evaluation on this scale's suite is cached (its ``results.json`` and analysis files)."""
