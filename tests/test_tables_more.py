@@ -93,8 +93,8 @@ def test_pruning_and_outlier_tables_end_to_end(
 ) -> None:
     """The pruning table at smoke scale (2 cells, the analysis suite), then the outlier table on the same cells:
     analysis columns, outlier curves while training, the pruning report, W8A8 calibrated on training text. Cells
-    trained and evaluated elsewhere make a table here even at a scale that needs a GPU; a missing evaluation asks
-    for the GPU."""
+    trained and evaluated elsewhere make a table here even at a scale that needs a GPU (a cell whose pruning curves
+    did not come back is named); a missing evaluation asks for the GPU."""
     settings = {"root": ROOT, "runs_dir": tmp_path / "runs", "args": [f"paths.cache_dir={data_cache}"]}
     markdown = reproduce(load_table("pruning", ROOT), "smoke", results_dir=tmp_path / "pruning", **settings)
     results = tmp_path / "pruning"
@@ -132,6 +132,10 @@ def test_pruning_and_outlier_tables_end_to_end(
     gpu_only["scales"]["smoke"]["requires"] = {"gpu": True}  # as if these cells had come back from a GPU machine
     carried = reproduce(gpu_only, "smoke", results_dir=tmp_path / "carried", **settings)
     assert carried == markdown.replace(str(tmp_path / "pruning"), str(tmp_path / "carried"))
+    next((tmp_path / "runs").glob("tiny-gated-*/eval/analysis_cpu/analysis/pruning.csv")).unlink()  # not carried
+    carried = reproduce(gpu_only, "smoke", results_dir=tmp_path / "carried", **settings)
+    note = "No pruning curves for gated seed 1 (their `analysis/pruning.csv` is not here): the curves below leave"
+    assert note in carried and "No pruning curves" not in markdown
     next((tmp_path / "runs").glob("tiny-gated-*/eval/analysis_cpu/results.json")).unlink()
     with pytest.raises(ConfigError, match=r"scale: smoke needs GPUs \(torch sees none\)"):
         reproduce(gpu_only, "smoke", results_dir=tmp_path / "carried", **settings)

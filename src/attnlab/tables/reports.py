@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 Report = Callable[["Engine", "list[Cell]", Path], str]
 Render = Callable[[dict[str, Any], str, Path, Path], str]
 PRUNING_CSV = "pruning_curves.csv"
+PRUNING_HEADING = "## Head pruning (Michel et al.): importance order vs random orders"
 COSTS_CSV = "costs.csv"  # the ``costs`` report's record: parameters and step time against the baseline
 
 
@@ -32,20 +33,35 @@ def pruning_curves(engine: Engine, cells: list[Cell], out_dir: Path) -> str:
         if path.is_file():
             frame = pd.read_csv(path)
             frames.append(frame.assign(stage=cell.stage, row=cell.row, attention=cell.attention, seed=cell.seed))
+    expected = [(cell.attention, cell.seed) for cell in cells]
     if not frames:
-        return ""
+        return "\n".join([PRUNING_HEADING, "", curves_missing(expected, pd.DataFrame(columns=["attention", "seed"]))])
     curves = pd.concat(frames, ignore_index=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     curves.to_csv(out_dir / PRUNING_CSV, index=False)
-    return pruning_section(curves, engine.table, engine.scale, engine.row_sizes(), out_dir)
+    return pruning_section(curves, engine.table, engine.scale, engine.row_sizes(), out_dir, expected)
 
 
 def render_pruning(table: dict[str, Any], scale: str, root: Path, out_dir: Path) -> str:
-    """The pruning section and figure again from the committed ``pruning_curves.csv``."""
+    """The pruning section and figure again from the committed ``pruning_curves.csv`` (and ``runs.csv``: which cells
+    it should hold)."""
     from attnlab.tables.engine import Engine
 
     sizes = Engine(table, scale, root=root, runs_dir=root / "outputs" / "runs").row_sizes()
-    return pruning_section(pd.read_csv(out_dir / PRUNING_CSV), table, scale, sizes, out_dir)
+    runs = pd.read_csv(out_dir / "runs.csv")
+    expected = list(zip(runs["attention"], runs["seed"], strict=True))
+    return pruning_section(pd.read_csv(out_dir / PRUNING_CSV), table, scale, sizes, out_dir, expected)
+
+
+def curves_missing(expected: list[tuple[str, int]], curves: pd.DataFrame) -> str:
+    """A line naming the cells whose pruning curves are not here (evaluated on another machine whose archive did not
+    bring back ``analysis/pruning.csv``), or "" when every cell has them."""
+    have = set(zip(curves["attention"], curves["seed"], strict=True))
+    missing = [f"{attention} seed {seed}" for attention, seed in expected if (attention, seed) not in have]
+    if not missing:
+        return ""
+    left = "no curves" if not have else "the curves below leave them out"
+    return f"No pruning curves for {', '.join(missing)} (their `analysis/pruning.csv` is not here): {left}.\n"
 
 
 def pruning_section(
@@ -54,11 +70,12 @@ def pruning_section(
     scale: str,
     sizes: dict[tuple[str, str], tuple[str, int]],
     out_dir: Path,
+    expected: list[tuple[str, int]],
 ) -> str:
     """Perplexity against the number of heads masked, importance order (mean over seeds) against the random orders
     (mean over seeds and orders), drawn as ``pruning_curves.png``; per step, importance minus random paired by seed
     with its interval and a verdict against the paper's claim (importance order degrades less); and which layers
-    keep their heads."""
+    keep their heads. ``expected``: the table's (attention, seed) cells, so those without curves are named."""
     first = curves.iloc[0]
     heads = int(first["heads_pruned"]) + sum(int(v) for v in str(first["heads_kept_per_layer"]).split())
     plot_pruning_curves(curves, table, scale, sizes, heads, out_dir)
@@ -83,9 +100,11 @@ def pruning_section(
         kept.append(dict(zip(keys, key, strict=True)) | {column: list(per_layer)})
     effect = pd.DataFrame(rows)
     effect["attention"] = effect["attention"].map(lambda a: variant_label(table, a))
+    missing = curves_missing(expected, curves)
     lines = [
-        "## Head pruning (Michel et al.): importance order vs random orders",
+        PRUNING_HEADING,
         "",
+        *([missing] if missing else []),
         f"Perplexity with some of the {heads} heads masked (the configured fractions, rounded to whole heads); "
         "importance: least important first (mean over seeds); random: mean over seeds and random orders. diff = "
         "importance - random, paired by seed (95% t-interval); the paper's claim is that the importance order "
