@@ -52,6 +52,21 @@ def test_cpu_long_ablations_start_from_the_outliers_cells_and_share_table3s_fine
                 assert directory == table3[("finetune", attention, seed)], (name, attention)
 
 
+def test_gpu_and_cpu_long_scales_are_one_protocol_on_two_machines() -> None:
+    """The from-scratch gpu scale is cpu_long's cell and recipe (table_protocol/cpu_long.yaml's lists, interpolated
+    as lists in lists and flattened by the engine) on one GPU, trained longer."""
+    table = load_table("outliers", ROOT)
+    gpu, cpu = (
+        Engine(table, s, root=ROOT, runs_dir=Path("/unused")).stage_overrides("pretrain", "tiny")
+        for s in ("gpu", "cpu_long")
+    )
+    assert all(isinstance(o, str) for o in gpu + cpu) and len(set(gpu)) == len(gpu)
+    machine = {"trainer=gpu", "trainer.devices=1", "trainer.precision=32-true"}
+    assert set(gpu) - set(cpu) == machine | {"trainer.max_steps=8000"}
+    assert set(cpu) - set(gpu) == {"trainer=cpu", "trainer.max_steps=6000"}
+    assert "data=registry_text" in gpu and "optim.weight_decay=0.5" in gpu
+
+
 def test_from_scratch_tables_share_their_cells() -> None:
     grids = {name: cells(name) for name in FROM_SCRATCH}
     assert len({grid[("pretrain", "vanilla", 1)] for grid in grids.values()}) == 1

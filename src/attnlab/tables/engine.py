@@ -60,6 +60,11 @@ class TableInterrupted(Exception):
         return 128 + self.signal_number
 
 
+def flattened(overrides: list[Any]) -> list[str]:
+    """Overrides with the lists among them (at any depth) spliced in, in order."""
+    return [o for item in overrides for o in (flattened(item) if isinstance(item, list) else [item])]
+
+
 def wait_while_trained_elsewhere(cells: list[Cell], poll_seconds: float = 5.0) -> None:
     """Wait while another process trains one of ``cells`` (a second table that shares it holds its run directory's
     claim), so a cell is never trained by two processes at once; a cell it finished is then not launched again."""
@@ -197,7 +202,11 @@ class Engine:
         return {**self.settings["rows"], **(self.settings.get("stage_rows") or {}).get(stage, {})}
 
     def stage_overrides(self, stage: str, model: str) -> list[str]:
-        common = [*self.settings.get("overrides", []), *self.settings.get("stage_overrides", {}).get(stage, [])]
+        """The scale's train.py overrides for the stage; a list in them (a protocol's list interpolated into the
+        scale's, table_protocol/cpu_long.yaml) is flattened in place."""
+        common = flattened(
+            [*self.settings.get("overrides", []), *self.settings.get("stage_overrides", {}).get(stage, [])]
+        )
         salt = [f"+cell_salt={self.salt}"] if self.force else []
         return [o.format(model=model) for o in common] + salt + list(self.args)
 
