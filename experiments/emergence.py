@@ -30,6 +30,16 @@ from attnlab.tables.sizes import config_parameters
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# overrides that do not make a setting (see ``overrides``)
+NOT_SETTINGS = (
+    "ckpt_path=",
+    "callbacks.last_checkpoint.",
+    "print_config=",
+    "hydra.",
+    "seed=",
+    "experiment_name=",
+    "trainer.max_steps=",
+)
 EVAL_W8A8 = "eval/w8a8_gap_pct"  # evaluations.csv's W8A8 gap per snapshot: one more curve in curves.csv
 PAPER_TABLE, PAPER_ROW = "outliers", "OPT-125m"  # whose paper numbers the curves draw: Bondarenko et al.'s vanilla
 
@@ -88,9 +98,7 @@ def overrides(run_dir: Path) -> list[str]:
     horizon (the learning rate is constant after warmup, so a run extended by raising trainer.max_steps is the same
     curve, read further)."""
     found = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text())
-    dropped = ("ckpt_path=", "callbacks.last_checkpoint.", "print_config=", "hydra.", "seed=", "experiment_name=")
-    dropped += ("trainer.max_steps=",)
-    return [o for o in found if not o.startswith(dropped)]
+    return [o for o in found if not o.startswith(NOT_SETTINGS)]
 
 
 def run_dirs(paths: list[Path]) -> list[Path]:

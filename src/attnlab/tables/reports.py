@@ -35,7 +35,7 @@ def pruning_curves(engine: Engine, cells: list[Cell], out_dir: Path) -> str:
             frames.append(frame.assign(stage=cell.stage, row=cell.row, attention=cell.attention, seed=cell.seed))
     expected = [(cell.attention, cell.seed) for cell in cells]
     if not frames:
-        return "\n".join([PRUNING_HEADING, "", curves_missing(expected, pd.DataFrame(columns=["attention", "seed"]))])
+        return "\n".join([PRUNING_HEADING, "", curves_missing(expected, have=set())])
     curves = pd.concat(frames, ignore_index=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     curves.to_csv(out_dir / PRUNING_CSV, index=False)
@@ -53,10 +53,9 @@ def render_pruning(table: dict[str, Any], scale: str, root: Path, out_dir: Path)
     return pruning_section(pd.read_csv(out_dir / PRUNING_CSV), table, scale, sizes, out_dir, expected)
 
 
-def curves_missing(expected: list[tuple[str, int]], curves: pd.DataFrame) -> str:
-    """A line naming the cells whose pruning curves are not here (evaluated on another machine whose archive did not
-    bring back ``analysis/pruning.csv``), or "" when every cell has them."""
-    have = set(zip(curves["attention"], curves["seed"], strict=True))
+def curves_missing(expected: list[tuple[str, int]], have: set[tuple[str, int]]) -> str:
+    """A line naming the cells (attention, seed) of ``expected`` whose pruning curves are not among ``have`` (evaluated
+    on another machine whose archive did not bring back ``analysis/pruning.csv``), or "" when every cell has them."""
     missing = [f"{attention} seed {seed}" for attention, seed in expected if (attention, seed) not in have]
     if not missing:
         return ""
@@ -100,7 +99,7 @@ def pruning_section(
         kept.append(dict(zip(keys, key, strict=True)) | {column: list(per_layer)})
     effect = pd.DataFrame(rows)
     effect["attention"] = effect["attention"].map(lambda a: variant_label(table, a))
-    missing = curves_missing(expected, curves)
+    missing = curves_missing(expected, have=set(zip(curves["attention"], curves["seed"], strict=True)))
     lines = [
         PRUNING_HEADING,
         "",
