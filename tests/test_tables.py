@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -178,6 +179,15 @@ def test_gpu_scale_composes_and_asks_only_for_a_gpu(tmp_path: Path) -> None:
 def test_unknown_scale_is_one_line_error() -> None:
     with pytest.raises(ConfigError, match=r"scale: one of smoke, cpu, cpu_long, paper \(got huge\)"):
         Engine(load_table("table3"), "huge", root=ROOT, runs_dir=Path("unused"))
+
+
+def test_every_table_has_a_make_target_whose_help_names_its_scales() -> None:
+    """``make help`` is where a user learns which ``SCALE=`` a table takes: it must match the table config."""
+    help_lines = dict(re.findall(r"^reproduce-(\w+):.*?## (.*)$", (ROOT / "Makefile").read_text(), re.MULTILINE))
+    for config in sorted((ROOT / "experiments" / "conf" / "table").glob("*.yaml")):
+        named = re.search(r"SCALE=([\w|]+)", help_lines.get(config.stem, ""))
+        assert named, f"make reproduce-{config.stem}: no help line naming its SCALE= values"
+        assert set(named.group(1).split("|")) == set(load_table(config.stem)["scales"]), config.stem
 
 
 @pytest.mark.parametrize(
