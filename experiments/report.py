@@ -39,6 +39,11 @@ ORDER = (
 ORDER += ("emergence", "bench")  # then any other results directory, by name
 COPIED = ("*.csv", "*.md", "*.png")
 RESULTS_LINK = re.compile(r'(src|href)="(experiments/results/[^"#]+)"')
+THRESHOLD = re.compile(r" \([<>]= \S+ needed; \d+ seed\(s\)\)")  # "(>= 50 needed; 3 seed(s))": the table states it
+PARTIAL = re.compile(r"\*\*Partial: ([^*]+)\*\*")
+# the README's overview of every table (written by ``--readme``, checked by a test so that it cannot go stale)
+OVERVIEW = re.compile(r"(<!-- overview \(generated\) -->\n).*?(<!-- /overview -->)", re.S)
+KEPT = ("reproduces", "opposite")
 
 
 @dataclass
@@ -76,6 +81,9 @@ class Page:
     configs_note: str = ""
     phenomena: list[str] = field(default_factory=list)
     verdicts: dict[str, int] = field(default_factory=dict)
+    measured: list[str] = field(default_factory=list)  # each phenomenon's status with the baseline's numbers
+    kept: list[str] = field(default_factory=list)  # the effects whose verdict survives Holm
+    partial: str = ""  # "3 of 9 cells" for a table written with partial=true
 
     @property
     def filename(self) -> str:
@@ -226,11 +234,70 @@ def summarise(page: Page) -> None:
     if (page.source / "phenomena.csv").is_file():
         checks = pd.read_csv(page.source / "phenomena.csv")
         page.phenomena = sorted({f"{c.phenomenon}: {c.status}" for c in checks.itertuples()})
+        page.measured = [measured(phenomenon, rows) for phenomenon, rows in checks.groupby("phenomenon", sort=False)]
     if (page.source / "effects.csv").is_file():
         effects = pd.read_csv(page.source / "effects.csv")
         column = "verdict_holm" if "verdict_holm" in effects else "verdict"
         counts = Counter(v for v in effects[column] if v in ("reproduces", "opposite", "inconclusive"))
         page.verdicts = {v: counts[v] for v in ("reproduces", "opposite", "inconclusive")}
+        several = [key for key in ("stage", "row") if effects[key].nunique() > 1]
+        page.kept = [
+            f"{' '.join(str(getattr(e, key)) for key in several)} `{e.attention}` {e.column}: {percent(e.diff_pct)} "
+            f"(paper {e.paper_pct:+.1f}%), {getattr(e, column)}".lstrip()
+            for e in effects.itertuples()
+            if getattr(e, column) in KEPT
+        ]
+    if (table := page.source / f"{page.name}.md").is_file() and (partial := PARTIAL.search(table.read_text())):
+        page.partial = partial[1]
+
+
+def percent(value: float) -> str:
+    """+1.53%, and -0.004% where two decimals would print a significant effect as -0.00%."""
+    return f"{value:+.2f}%" if abs(value) >= 0.01 else f"{value:+.1g}%"
+
+
+def measured(phenomenon: str, checks) -> str:
+    """``outliers: **present** (kurtosis_max 486.5; w8a8_gap_pct 4.618)``; with the stage (and row) of each check
+    where the table checks the phenomenon more than once."""
+    several = [key for key in ("stage", "row") if checks[key].nunique() > 1] if len(checks) > 1 else []
+    numbers = [
+        " ".join([*(str(getattr(c, key)) for key in several), THRESHOLD.sub("", c.evidence)])
+        for c in checks.itertuples()
+        if c.status != "not measured"
+    ]
+    statuses = "/".join(dict.fromkeys(checks.status))
+    return f"{phenomenon}: **{statuses}**" + (f" ({'; '.join(numbers)})" if numbers else "")
+
+
+def overview(pages: list[Page], root: Path = ROOT) -> str:
+    """Every engine table at every scale in one Markdown table: is the paper's phenomenon there, and which effects
+    survive Holm's correction (the README's overview; the pages must have been summarised)."""
+    lines = [
+        "| table | scale | the phenomenon in the baseline | after Holm: reproduces / opposite / inconclusive "
+        "| the effects that survive Holm (variant minus vanilla) |",
+        "|---|---|---|---|---|",
+    ]
+    for page in pages:
+        if not (page.measured or any(page.verdicts.values())):
+            continue  # the pruning table: curves, with no paper effect to judge
+        counts = " / ".join(str(n) for n in page.verdicts.values()) if any(page.verdicts.values()) else "-"
+        partial = f" (partial: {page.partial})" if page.partial else ""
+        scale = f"[{page.variant}]({shown(page.source, root)}/){partial}"
+        cells = [page.name, scale, "; ".join(page.measured) or "-", counts, "; ".join(page.kept) or "-"]
+        lines.append(f"| {' | '.join(cells)} |")
+    return "\n".join(lines) + "\n"
+
+
+def readme_with_overview(readme: str, results: Path, root: Path = ROOT) -> str:
+    """The README with its overview block written again from ``results``."""
+    from attnlab.errors import ConfigError
+
+    if not OVERVIEW.search(readme):
+        raise ConfigError("README.md", "an <!-- overview (generated) --> ... <!-- /overview --> block to write into")
+    pages = discover(results)
+    for page in pages:
+        summarise(page)
+    return OVERVIEW.sub(lambda m: f"{m[1]}\n{overview(pages, root)}\n{m[2]}", readme)
 
 
 def fill(page: Page, out: Path, root: Path, reading: str, site_paths: dict[str, str]) -> None:
@@ -301,10 +368,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--results", type=Path, default=ROOT / "experiments" / "results", help="committed results")
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "report", help="where the site is written")
+    parser.add_argument("--readme", action="store_true", help="write the README's overview of the tables instead")
     args = parser.parse_args(argv)
     from attnlab.errors import ConfigError
+    from attnlab.files import write_atomic
 
     try:
+        if args.readme:
+            readme = ROOT / "README.md"
+            write_atomic(readme, readme_with_overview(readme.read_text(), args.results))
+            print(f"README.md: the overview of {shown(args.results, ROOT)} written")
+            return
         index = build(args.results, args.out)
     except ConfigError as exc:
         sys.exit(f"error: {exc}")

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from experiments import readme_sample, report
 
+from attnlab.errors import ConfigError
 from tests.conftest import ROOT
 
 
@@ -40,6 +41,52 @@ def test_every_committed_table_has_a_reading_in_the_readme() -> None:
     committed = {page.name for page in report.discover(ROOT / "experiments" / "results")}
     assert committed - set(found) == set()
     assert all(text.strip() for text in found.values())
+
+
+def test_the_readme_overview_is_the_committed_results_rendered() -> None:
+    text = (ROOT / "README.md").read_text()
+    assert report.readme_with_overview(text, ROOT / "experiments" / "results") == text, (
+        "README.md's overview of the tables is stale: python experiments/report.py --readme"
+    )
+
+
+def test_the_overview_states_each_phenomenon_and_what_survives_holm(tmp_path: Path) -> None:
+    """Hand-made results: a table checked at two stages, one effect surviving Holm, one not; a partial table; and a
+    table with no paper effect to judge, which the overview leaves out."""
+    table = tmp_path / "results" / "table9" / "cpu"
+    table.mkdir(parents=True)
+    (table / "table9.md").write_text("# Table 9\n\n**Partial: 4 of 6 cells** (written with `partial=true`)\n")
+    (table / "phenomena.csv").write_text(
+        "stage,row,phenomenon,variant,status,evidence\n"
+        "pretrain,GPT2,outliers,vanilla,present,kurtosis_max 80 (>= 50 needed; 3 seed(s))\n"
+        "finetune,GPT2,outliers,vanilla,absent,kurtosis_max 20 (>= 50 needed; 3 seed(s))\n"
+        "finetune,GPT2,attention sink,vanilla,not measured,sink_share not measured (needs >= 0.2)\n"
+    )
+    (table / "effects.csv").write_text(
+        "stage,row,attention,column,diff_pct,paper_pct,verdict,verdict_holm\n"
+        "finetune,GPT2,ssa,wikitext,-0.0041,-2.7,reproduces,reproduces\n"
+        "finetune,GPT2,gated,wikitext,1.53,-4.1,opposite,inconclusive\n"
+    )
+    pruning = tmp_path / "results" / "pruning" / "cpu"
+    pruning.mkdir(parents=True)
+    (pruning / "effects.csv").write_text(
+        "stage,row,attention,column,diff_pct,paper_pct,verdict,verdict_holm\n"
+        "pretrain,OPT,gated,full_ppl,5.0,,no paper value,no paper value\n"
+    )
+    readme = "intro\n<!-- overview (generated) -->\nold\n<!-- /overview -->\nrest\n"
+
+    written = report.readme_with_overview(readme, tmp_path / "results", root=tmp_path)
+
+    lines = written.splitlines()
+    assert lines[:2] == ["intro", "<!-- overview (generated) -->"] and lines[-2:] == ["<!-- /overview -->", "rest"]
+    assert "old" not in lines and not any(line.startswith("| pruning") for line in lines)
+    assert (
+        "| table9 | [cpu](results/table9/cpu/) (partial: 4 of 6 cells) "
+        "| outliers: **present/absent** (pretrain kurtosis_max 80; finetune kurtosis_max 20); "
+        "attention sink: **not measured** | 1 / 0 / 1 | `ssa` wikitext: -0.004% (paper -2.7%), reproduces |"
+    ) in lines
+    with pytest.raises(ConfigError, match=r"README\.md: an <!-- overview"):
+        report.readme_with_overview("no block\n", tmp_path / "results", root=tmp_path)
 
 
 def test_the_numbers_to_expect_are_looked_up_by_processor_model(tmp_path: Path) -> None:
