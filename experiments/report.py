@@ -240,7 +240,7 @@ def summarise(page: Page) -> None:
         column = "verdict_holm" if "verdict_holm" in effects else "verdict"
         counts = Counter(v for v in effects[column] if v in ("reproduces", "opposite", "inconclusive"))
         page.verdicts = {v: counts[v] for v in ("reproduces", "opposite", "inconclusive")}
-        several = [key for key in ("stage", "row") if effects[key].nunique() > 1]
+        several = varying(effects)
         page.kept = [
             f"{' '.join(str(getattr(e, key)) for key in several)} `{e.attention}` {e.column}: {percent(e.diff_pct)} "
             f"(paper {e.paper_pct:+.1f}%), {getattr(e, column)}".lstrip()
@@ -256,10 +256,15 @@ def percent(value: float) -> str:
     return f"{value:+.2f}%" if abs(value) >= 0.01 else f"{value:+.1g}%"
 
 
+def varying(frame) -> list[str]:
+    """Which of stage and row take several values in ``frame``: only those are named, to tell its lines apart."""
+    return [key for key in ("stage", "row") if frame[key].nunique() > 1]
+
+
 def measured(phenomenon: str, checks) -> str:
     """``outliers: **present** (kurtosis_max 486.5; w8a8_gap_pct 4.618)``; with the stage (and row) of each check
     where the table checks the phenomenon more than once."""
-    several = [key for key in ("stage", "row") if checks[key].nunique() > 1] if len(checks) > 1 else []
+    several = varying(checks)
     numbers = [
         " ".join([*(str(getattr(c, key)) for key in several), THRESHOLD.sub("", c.evidence)])
         for c in checks.itertuples()
