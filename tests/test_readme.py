@@ -65,7 +65,8 @@ def test_the_overview_states_each_phenomenon_and_what_survives_holm(tmp_path: Pa
     (table / "effects.csv").write_text(
         "stage,row,attention,column,diff_pct,paper_pct,verdict,verdict_holm\n"
         "finetune,GPT2,ssa,wikitext,-0.0041,-2.7,reproduces,reproduces\n"
-        "finetune,GPT2,gated,wikitext,1.53,-4.1,opposite,inconclusive\n"
+        "finetune,GPT2,gated,wikitext,1.53,-4.1,opposite,unresolved\n"
+        "finetune,GPT2,temp_q,wikitext,0.2,-4.1,smaller than the paper's,smaller than the paper's\n"
     )
     pruning = tmp_path / "results" / "pruning" / "cpu"
     pruning.mkdir(parents=True)
@@ -83,7 +84,7 @@ def test_the_overview_states_each_phenomenon_and_what_survives_holm(tmp_path: Pa
     assert (
         "| table9 | [cpu](results/table9/cpu/) (partial: 4 of 6 cells) "
         "| outliers: **present/absent** (pretrain kurtosis_max 80; finetune kurtosis_max 20); "
-        "attention sink: **not measured** | 1 / 0 / 1 | `ssa` wikitext: -0.004% (paper -2.7%), reproduces |"
+        "attention sink: **not measured** | 1 / 0 / 1 / 1 | `ssa` wikitext: -0.004% (paper -2.7%), reproduces |"
     ) in lines
     with pytest.raises(ConfigError, match=r"README\.md: an <!-- overview"):
         report.readme_with_overview("no block\n", tmp_path / "results", root=tmp_path)

@@ -15,7 +15,8 @@ from omegaconf import OmegaConf
 
 from attnlab.errors import ConfigError
 from attnlab.tables import load_table, render, reproduce
-from attnlab.tables.collect import INCONCLUSIVE, NO_PAPER_VALUE, OPPOSITE, REPRODUCES
+from attnlab.tables.collect import NO_PAPER_VALUE
+from attnlab.tables.stats import OPPOSITE, REPRODUCES, UNRESOLVED
 from attnlab.tables.engine import Engine, predates_headlines
 from attnlab.tables.figures import TableResults
 from attnlab.tables.reports import costs_section
@@ -56,7 +57,7 @@ def test_smoke_table_end_to_end(smoke: dict) -> None:
     assert len(effects) == 2 * len(COLUMNS) and set(effects["column"]) == set(COLUMNS)
     judged = effects[effects["verdict"] != NO_PAPER_VALUE]
     assert judged[["attention", "column"]].values.tolist() == [["softpick", "sink_share"], ["softpick", "kurtosis_max"]]
-    assert set(judged["verdict_holm"]) <= {REPRODUCES, OPPOSITE, INCONCLUSIVE} and judged["p_holm"].notna().all()
+    assert set(judged["verdict_holm"]) <= {REPRODUCES, OPPOSITE, UNRESOLVED} and judged["p_holm"].notna().all()
     assert markdown.index("- outliers (pretrain, from scratch, vanilla): **") < markdown.index("## pretrain")
     assert "- attention sink (pretrain, from scratch, vanilla): **" in markdown
     assert "Zuhri et al. 2025" in markdown and "not run at this scale" in markdown  # the others' claims: listed

@@ -363,7 +363,12 @@ def table_figure(
 
 
 # ------------------------------------------------------------------------------------------------ effects
-VERDICT_COLOURS = {"reproduces": PALETTE[2], "opposite": PALETTE[1], "inconclusive": "#BBBBBB"}
+VERDICT_COLOURS = {
+    "reproduces": PALETTE[2],
+    "opposite": PALETTE[1],
+    "smaller than the paper's": PALETTE[4],
+    "unresolved": "#BBBBBB",
+}
 UNJUDGED_COLOUR = PALETTE[0]  # a difference no paper gives a direction for
 SYMLOG_SPAN = 30.0  # a symmetric log axis once a bar or whisker passes this many times most bars (3 in 4 of 4+)
 

@@ -169,6 +169,15 @@ register_preset("temp_q_tok", SelectiveTemperature, components=["q"], terms=["to
 register_preset("temp_q_pos", SelectiveTemperature, components=["q"], terms=["position"])
 register_preset("temp_v_tok", SelectiveTemperature, components=["v"], terms=["token"])
 register_preset("temp_v_pos", SelectiveTemperature, components=["v"], terms=["position"])
-register_preset("temp_constant", SelectiveTemperature, components=["q"], terms=["constant"])  # Table 8
+# Table 8's rows, as the paper's text around it describes them (appendix B.3): SSA on q and v with one of its two
+# terms replaced. "Instead of employing our Position-aware Temperature Scaling function, we use a constant
+# parameter" and "the temperature scaling method proposed by [YaRN]" keep the token term (rows "Token Yarn",
+# "Constant"); "in place of our Token-aware Temperature Scaling, we adopt [...] token frequency and training only a
+# scale parameter" keeps the position term (row "Position Frequency").
+register_preset("temp_tok_yarn", SelectiveTemperature, terms=["token", "yarn"])
+register_preset("temp_tok_constant", SelectiveTemperature, terms=["token", "constant"])
+register_preset("temp_pos_frequency", SelectiveTemperature, terms=["token", "position"], parameterisation="feature")
+# the same baselines alone on q, with no SSA term beside them: our first reading of Table 8 (table8_single_term)
+register_preset("temp_constant", SelectiveTemperature, components=["q"], terms=["constant"])
 register_preset("temp_yarn", SelectiveTemperature, components=["q"], terms=["yarn"])
 register_preset("temp_frequency", SelectiveTemperature, components=["q"], terms=["token"], parameterisation="feature")
