@@ -21,8 +21,8 @@ import pytest
 from attnlab import tables
 from attnlab.errors import ConfigError
 from attnlab.tables import reproduce
-from attnlab.tables.stats import OPPOSITE, REPRODUCES, SMALLER, UNRESOLVED, decide, paired_test
 from attnlab.tables.engine import Engine
+from attnlab.tables.stats import OPPOSITE, REPRODUCES, SMALLER, UNRESOLVED, decide, paired_test
 from tests.wandb_offline import wandb_runs
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,11 +16,11 @@ from omegaconf import OmegaConf
 from attnlab.errors import ConfigError
 from attnlab.tables import load_table, render, reproduce
 from attnlab.tables.collect import NO_PAPER_VALUE
-from attnlab.tables.stats import OPPOSITE, REPRODUCES, UNRESOLVED
 from attnlab.tables.engine import Engine, predates_headlines
 from attnlab.tables.figures import TableResults
 from attnlab.tables.reports import costs_section
 from attnlab.tables.sizes import config_parameters, model_parts
+from attnlab.tables.stats import OPPOSITE, REPRODUCES, UNRESOLVED
 from tests.test_plots import colliding_text
 
 ROOT = Path(__file__).resolve().parents[1]
