@@ -19,7 +19,7 @@ TABLE = $(PY) experiments/reproduce_table.py scale=$(SCALE) force=$(if $(FORCE),
 .PHONY: help install train test test-slow lint format bench reproduce-table1 reproduce-table2 reproduce-table3 \
 	reproduce-table4 reproduce-table5 reproduce-table6 reproduce-table7 reproduce-table8 reproduce-table8_single_term \
 	reproduce-outliers \
-	reproduce-gating reproduce-pruning reproduce-variants report notebooks readme-sample clean clean-data clean-outputs \
+	reproduce-gating reproduce-pruning reproduce-variants report notebooks readme-sample readme-numbers clean clean-data clean-outputs \
 	corpus-registry
 
 help:  ## list the targets
@@ -102,6 +102,9 @@ report: $(STAMP)  ## every committed table, figure and README reading as one sta
 
 readme-sample: $(STAMP)  ## re-run make train (and eval=analysis on it) and write the README's sample outputs from them
 	$(PY) experiments/readme_sample.py --analysis
+
+readme-numbers: $(STAMP)  ## check every percentage, interval and p-value the README's table readings quote against the committed results
+	$(PY) experiments/readme_numbers.py
 
 notebooks: $(STAMP)  ## open notebooks/ in JupyterLab (installs the `notebooks` extra into .venv the first time)
 	test -x $(VENV)/bin/jupyter-lab || $(PY) -m pip install -q -e '.[notebooks]'

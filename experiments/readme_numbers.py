@@ -10,7 +10,8 @@ is printed with, or the script names it:
   are percentages themselves (``w8a8_gap_pct``), and one column's mean against another's for the same variant in
   the table's CSV (pruning: half the heads masked against none);
 - intervals: an effect's ``ci_low``/``ci_high`` in the column's units or as a share of the baseline's mean;
-- p-values: ``p``, ``p_paper``, ``p_signflip`` and their Holm-corrected ``p_holm``, ``p_paper_holm``.
+- p-values: ``p``, ``p_paper``, ``p_signflip`` and their Holm-corrected ``p_holm``, ``p_paper_holm``, and those a
+  report printed in the table's Markdown (the pruning section's).
 A number the reading takes from elsewhere (a paper, a timing) is not of these three forms, or is marked by ending
 the sentence's clause with ``(not from a table)`` on the same line.
 """
@@ -129,6 +130,8 @@ def collect(tables: list[str], results: Path) -> Numbers:
             for column in ("p", "p_paper", "p_signflip", "p_holm", "p_paper_holm"):
                 if column in effect:
                     numbers.p_values.update(effect[column].dropna())
+            if (scale / f"{name}.md").is_file():  # a report's own tests (the pruning section's p and Holm p)
+                numbers.p_values.update(float(v) for v in re.findall(r"\b0\.\d+", (scale / f"{name}.md").read_text()))
     return numbers
 
 

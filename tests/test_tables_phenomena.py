@@ -89,20 +89,30 @@ def test_the_step_down_is_holm_when_each_comparison_has_one_hypothesis() -> None
     """Checked against statsmodels' Holm, and by hand."""
     for p_values in ([0.03, 0.01, 0.5, 0.02], [0.4, 0.6], [0.9, 0.8], [0.001, 0.2, 0.04, 0.04, 0.3]):
         expected = multipletests(p_values, method="holm")[1]
-        assert step_down(list(enumerate(p_values))) == pytest.approx(list(expected))
+        assert step_down([(i, None, p) for i, p in enumerate(p_values)]) == pytest.approx(list(expected))
     # sorted p: 0.01 (x4 = 0.04), 0.02 (x3 = 0.06), 0.03 (x2 = 0.06, kept monotone), 0.5 (x1 = 0.5)
-    assert step_down(list(enumerate([0.03, 0.01, 0.5, 0.02]))) == pytest.approx([0.06, 0.04, 0.5, 0.06])
+    by_hand = step_down([(i, None, p) for i, p in enumerate([0.03, 0.01, 0.5, 0.02])])
+    assert by_hand == pytest.approx([0.06, 0.04, 0.5, 0.06])
     assert step_down([]) == []
 
 
 def test_the_step_down_counts_comparisons_not_hypotheses() -> None:
     """Two comparisons with two hypotheses each: the first step multiplies by 2 (comparisons), not 4; the step
     after it still by 2 (comparison a keeps its other hypothesis), then by 1 once a is done."""
-    hypotheses = [("a", 0.01), ("a", 0.6), ("b", 0.02), ("b", 0.03)]
+    hypotheses = [("a", None, 0.01), ("a", -1.0, 0.6), ("b", None, 0.02), ("b", -2.0, 0.03)]
     # sorted: a 0.01 (x2 = 0.02), b 0.02 (x2 = 0.04), b 0.03 (x2: a and b still open = 0.06), a 0.6 (x1 = 0.6)
     assert step_down(hypotheses) == pytest.approx([0.02, 0.6, 0.04, 0.06])
     # statsmodels over all four hypotheses would ask more of each (x4 first)
-    assert multipletests([p for _, p in hypotheses], method="holm")[1][0] == pytest.approx(0.04)
+    assert multipletests([p for *_, p in hypotheses], method="holm")[1][0] == pytest.approx(0.04)
+
+
+def test_two_paper_numbers_against_the_same_cells_can_both_be_true() -> None:
+    """Tables 3 and 7 set -5.2% and -0.6% against the same SSA fine-tune: "at least -5.2%" and "at least -0.6%" can
+    both hold, so that comparison counts 2 while both are open (only "no effect" excludes them)."""
+    hypotheses = [("a", None, 0.5), ("a", -5.2, 0.01), ("a", -0.6, 0.02)]
+    # sorted: a -5.2 0.01 (x2 = 0.02), a -0.6 0.02 (x1: one paper-side left, or "no effect" = 0.02), no effect 0.5
+    assert step_down(hypotheses) == pytest.approx([0.5, 0.02, 0.02])
+    assert step_down([("a", None, 0.5), ("a", -5.2, 0.01)]) == pytest.approx([0.5, 0.01])  # exclusive: x1
 
 
 TABLE = {

@@ -176,8 +176,12 @@ def paired_effects(runs: dict[str, list[GraphRun]], paper: dict[str, Any]) -> st
         lower = sum(map(float.__lt__, ssa, vanilla))
         found.append((quantity, paired_test(ssa, vanilla, paper_diff), paper_diff, lower))
     tested_ones = [entry for entry in found if not entry[1].identical]  # all-zero differences: nothing to test
-    hypotheses = [(quantity, tested.p) for quantity, tested, *_ in tested_ones]
-    hypotheses += [(quantity, tested.p_paper) for quantity, tested, *_ in tested_ones if tested.p_paper is not None]
+    hypotheses = [(quantity, None, tested.p) for quantity, tested, *_ in tested_ones]
+    hypotheses += [
+        (quantity, paper_diff, tested.p_paper)
+        for quantity, tested, paper_diff, _ in tested_ones
+        if tested.p_paper is not None
+    ]
     adjusted = step_down(hypotheses)
     no_effect, paper_side = iter(adjusted[: len(tested_ones)]), iter(adjusted[len(tested_ones) :])
     lines = []

@@ -182,8 +182,8 @@ def phenomena_markdown(checks: pd.DataFrame, table: dict[str, Any]) -> list[str]
         lines += [
             "",
             "Where the phenomenon is absent (or not measured) the verdicts below are read in that light: a variant "
-            "cannot fix what the baseline does not show, so an inconclusive or opposite verdict there says little "
-            "about the paper's claim.",
+            "cannot fix what the baseline does not show, so an unresolved, smaller-than-the-paper's or opposite "
+            "verdict there says little about the paper's claim.",
         ]
     return [*lines, ""]
 
@@ -304,24 +304,26 @@ def corrected(
     effect: pd.DataFrame, table: dict[str, Any], siblings: Mapping[str, pd.DataFrame] | None = None
 ) -> pd.DataFrame:
     """The family's verdicts: the step-down of ``attnlab.tables.stats`` over every judged comparison of the paper's
-    tables at this scale (``siblings``: the other tables' raw effects by name), each comparison once however many
-    tables hold it, with its two hypotheses (no effect; an effect at least the paper's) where the paper gives a size.
-    The ``family`` column names the family, its size and its tables."""
+    tables at this scale (``siblings``: the other tables' raw effects by name). A comparison's "no effect" counts once
+    however many tables hold it; its "an effect at least the paper's" once per paper number set against it (Tables 3
+    and 7 hold the same SSA fine-tune against two). The ``family`` column names the family, its size and its tables."""
     siblings = siblings or {}
     family = pd.concat([effect[judged(effect)], *(s[judged(s)] for s in siblings.values())], ignore_index=True)
-    family = family.drop_duplicates("comparison")
-    hypotheses = [(key, p) for key, p in zip(family["comparison"], family["p"], strict=True)]
-    hypotheses += [(key, p) for key, p in zip(family["comparison"], family["p_paper"], strict=True) if not pd.isna(p)]
-    adjusted = step_down(hypotheses)
-    no_effect = dict(zip(family["comparison"], adjusted[: len(family)], strict=True))
-    sized = zip(hypotheses[len(family) :], adjusted[len(family) :], strict=True)
-    paper_side = {key: value for (key, _), value in sized}
+    zero = family.drop_duplicates("comparison")
+    sized = family[family["p_paper"].notna()].drop_duplicates(["comparison", "paper_effect"])
+    hypotheses = [(key, None, p) for key, p in zip(zero["comparison"], zero["p"], strict=True)]
+    hypotheses += [
+        (key, effect_size, p)
+        for key, effect_size, p in zip(sized["comparison"], sized["paper_effect"], sized["p_paper"], strict=True)
+    ]
+    adjusted = dict(zip([(key, size) for key, size, _ in hypotheses], step_down(hypotheses), strict=True))
     members = ", ".join(sorted([table["name"], *siblings]))
-    size = family["comparison"].nunique()
+    size = zero["comparison"].nunique()
     effect = effect.assign(family=f"{family_name(table)}: {size} comparison{'s' * (size != 1)} in {members}")
     mask = judged(effect)
-    effect["p_holm"] = [no_effect[k] if m else None for k, m in zip(effect["comparison"], mask, strict=True)]
-    effect["p_paper_holm"] = [paper_side.get(k) if m else None for k, m in zip(effect["comparison"], mask, strict=True)]
+    rows = list(zip(effect["comparison"], effect["paper_effect"], effect["p_paper"], mask, strict=True))
+    effect["p_holm"] = [adjusted[(key, None)] if keep else None for key, _, _, keep in rows]
+    effect["p_paper_holm"] = [adjusted[(key, size)] if keep and not pd.isna(p) else None for key, size, p, keep in rows]
     effect["verdict_holm"] = [
         decide(row.diff, row.p_holm, None if pd.isna(row.p_paper_holm) else row.p_paper_holm, row.paper_direction)
         if keep

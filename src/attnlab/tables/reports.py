@@ -99,7 +99,7 @@ def pruning_section(
         column = f"heads kept per layer, {heads // 2} masked (per seed)"
         kept.append(dict(zip(keys, key, strict=True)) | {column: list(per_layer)})
     effect = pd.DataFrame(rows)
-    effect["Holm p"] = step_down(list(enumerate(effect["p"])))  # one hypothesis per masked count: Holm's own
+    effect["Holm p"] = step_down([(i, None, p) for i, p in enumerate(effect["p"])])  # one per masked count: Holm
     effect["verdict (Holm)"] = [
         decide(mean, p, None, direction=-1.0) for mean, p in zip(effect["diff"], effect["Holm p"], strict=True)
     ]

@@ -17,11 +17,12 @@ the family.
 
 Correction: the two null hypotheses of one comparison exclude each other (the effect cannot be both 0 and at least
 the paper's), so at most one of them is true. Holm's step-down then stays valid when each step multiplies by the
-number of *comparisons* still holding an unrejected hypothesis rather than the number of hypotheses (Shaffer 1986,
-logically related hypotheses): at the first true null rejected, every true null is still unrejected and each lies in
-its own comparison, so the multiplier is at least their count, which is Holm's argument. With one hypothesis per
+most null hypotheses that can still be true together rather than the number of hypotheses left (Shaffer 1986,
+logically related hypotheses): at the first true null rejected, every true null is still unrejected, so the
+multiplier is at least their count, which is Holm's argument. Per comparison that is one, or more where tables set
+several paper numbers against the same cells (two "at least the paper's" can both be true). With one hypothesis per
 comparison it is Holm exactly (the tests check it against statsmodels' ``multipletests``); statsmodels has no
-variant that counts comparisons, which is why the step-down is written here.
+variant that counts this way, which is why the step-down is written here.
 """
 
 from __future__ import annotations
@@ -117,20 +118,27 @@ def decide(mean: float, p: float, p_paper: float | None, direction: float, alpha
     return UNRESOLVED
 
 
-def step_down(hypotheses: Sequence[tuple[Hashable, float]]) -> list[float]:
-    """Adjusted p-values of Holm's step-down where a step multiplies by the number of comparisons that still hold an
-    unrejected hypothesis. ``hypotheses``: (comparison key, p) pairs, several per comparison allowed when their
-    nulls exclude each other. Valid under any dependence between the tests."""
-    order = sorted(range(len(hypotheses)), key=lambda i: hypotheses[i][1])
-    remaining: dict[Hashable, int] = {}
-    for key, _ in hypotheses:
-        remaining[key] = remaining.get(key, 0) + 1
+def step_down(hypotheses: Sequence[tuple[Hashable, Hashable | None, float]]) -> list[float]:
+    """Adjusted p-values of Holm's step-down where a step multiplies by the most null hypotheses that can still be
+    true together, not by the number of hypotheses left. ``hypotheses``: (comparison, paper effect or None, p). Within
+    a comparison "no effect" (None) excludes every "an effect at least the paper's", while two of those (two tables
+    holding the same cells against two paper numbers) can both be true; so a comparison counts the larger of its
+    unrejected paper-side hypotheses and its unrejected "no effect" (1). With one hypothesis per comparison this is
+    Holm's own multiplier. Valid under any dependence between the tests."""
+    order = sorted(range(len(hypotheses)), key=lambda i: hypotheses[i][2])
+    open_zero: dict[Hashable, int] = {}
+    open_paper: dict[Hashable, int] = {}
+    for comparison, paper, _ in hypotheses:
+        counts = open_zero if paper is None else open_paper
+        counts[comparison] = counts.get(comparison, 0) + 1
+
+    def could_be_true() -> int:
+        return sum(max(open_paper.get(c, 0), open_zero.get(c, 0)) for c in open_zero.keys() | open_paper.keys())
+
     adjusted, running = [1.0] * len(hypotheses), 0.0
     for i in order:
-        key, p = hypotheses[i]
-        running = max(running, min(1.0, len(remaining) * p))
+        comparison, paper, p = hypotheses[i]
+        running = max(running, min(1.0, could_be_true() * p))
         adjusted[i] = running
-        remaining[key] -= 1
-        if not remaining[key]:
-            del remaining[key]
+        (open_zero if paper is None else open_paper)[comparison] -= 1
     return adjusted
