@@ -8,6 +8,7 @@ from typing import Any
 
 from lightning.pytorch.loggers import Logger, WandbLogger
 
+from attnlab.files import write_atomic
 from attnlab.hub import wandb_mode
 from attnlab.training.sweeps import SweepJob, current_job
 
@@ -32,12 +33,32 @@ def wandb_logger(
     Path(save_dir).mkdir(parents=True, exist_ok=True)
     name, group, tags = run_identity(name, group, [*tags, *extra_tags], experiment, current_job(), name_keys)
     logger = WandbLogger(
-        project=project, save_dir=save_dir, group=group, job_type=job_type, tags=tags, name=name, mode=wandb_mode()
+        project=project,
+        save_dir=save_dir,
+        group=group,
+        job_type=job_type,
+        tags=tags,
+        name=name,
+        mode=wandb_mode(),
+        id=run_id(Path(save_dir)),
+        resume="allow",
     )
     # Lightning always passes wandb.init an ``anonymous`` argument (None unless asked), which wandb >= 0.19 answers
     # with a warning that the setting has no effect; not passing it is the same run without the warning
     logger._wandb_init.pop("anonymous", None)
     return logger
+
+
+def run_id(save_dir: Path) -> str:
+    """The W&B run id of the training run in ``save_dir``: made when it first starts and kept in ``wandb/run_id``, so
+    the same run resumed (a requeued SLURM job, ``ckpt_path=`` into its directory) continues that W&B run."""
+    from wandb.util import generate_id
+
+    path = save_dir / "wandb" / "run_id"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, generate_id())
+    return path.read_text().strip()
 
 
 def run_identity(
