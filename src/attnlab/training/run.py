@@ -35,11 +35,11 @@ from attnlab.runs import (
     validate_train_config,
     write_results,
 )
+from attnlab.slurm import cluster_plugins
 from attnlab.training.checkpointing import last_checkpoint_path
 from attnlab.training.guards import RunStopped, stop_cleanly
 from attnlab.training.loggers import log_results
 from attnlab.training.module import LanguageModel
-from attnlab.slurm import cluster_plugins
 from attnlab.training.sweeps import in_multirun
 
 log = logging.getLogger(__name__)

@@ -87,10 +87,11 @@ class AttnlabSlurmLauncher(SlurmLauncher):
         sweep_dir = Path(self.config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         nums = range(initial_job_idx, initial_job_idx + len(job_overrides))
+        state = Singleton.get_state()
+        calls = []
         for num, overrides in zip(nums, job_overrides, strict=True):
             log.info("\t#%d : %s", num, " ".join(filter_overrides(overrides)))
-        state = Singleton.get_state()
-        calls = [(list(o), "hydra.sweep.dir", num, f"job_id_for_{num}", state) for num, o in zip(nums, job_overrides)]
+            calls.append((list(overrides), "hydra.sweep.dir", num, f"job_id_for_{num}", state))
         jobs = self.executor().map_array(self, *zip(*calls, strict=True))
         returns: list[JobReturn] = []
         for num, overrides, job in zip(nums, job_overrides, jobs, strict=True):
