@@ -3,7 +3,8 @@
 # (22.05) and munge, run as root, everything (config, keys, state, logs) under one directory.
 #
 #   scripts/local_slurm.sh start   # writes $ATTNLAB_SLURM_DIR/slurm.conf, starts munged, slurmctld and one slurmd per
-#                                  # node, waits until sinfo shows every node idle, prints the SLURM_CONF to export
+#                                  # node, waits until sinfo shows every node idle, prints what to export
+#   eval "$(scripts/local_slurm.sh start)"   # ... and exports it (SLURM_CONF, MASTER_ADDR)
 #   scripts/local_slurm.sh stop    # stops them again (the directory stays: its logs)
 #
 # Two nodes (ATTNLAB_SLURM_NODES) on one host: each is a NodeName with its own slurmd port, started as
@@ -69,7 +70,8 @@ start() {
   for n in $(seq 1 "$NODES"); do slurmd -f "$SLURM_CONF" -N "node$n"; done
   for _ in $(seq 1 60); do
     if [ "$(sinfo -h -o '%t %D' 2>/dev/null)" = "idle $NODES" ]; then
-      echo "export SLURM_CONF=$SLURM_CONF"
+      # the nodes are names on this host, which no resolver knows: rank 0's address for DDP is the loopback
+      echo "export SLURM_CONF=$SLURM_CONF MASTER_ADDR=127.0.0.1"
       return
     fi
     sleep 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -52,12 +53,10 @@ def wandb_logger(
 def run_id(save_dir: Path) -> str:
     """The W&B run id of the training run in ``save_dir``: made when it first starts and kept in ``wandb/run_id``, so
     the same run resumed (a requeued SLURM job, ``ckpt_path=`` into its directory) continues that W&B run."""
-    from wandb.util import generate_id
-
     path = save_dir / "wandb" / "run_id"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, generate_id())
+        write_atomic(path, secrets.token_hex(6))  # W&B takes any unique string as a run id
     return path.read_text().strip()
 
 
