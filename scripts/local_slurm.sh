@@ -5,7 +5,7 @@
 #   scripts/local_slurm.sh start   # writes $ATTNLAB_SLURM_DIR/slurm.conf, starts munged, slurmctld and one slurmd per
 #                                  # node, waits until sinfo shows every node idle, prints what to export
 #   eval "$(scripts/local_slurm.sh start)"   # ... and exports it (SLURM_CONF, MASTER_ADDR)
-#   scripts/local_slurm.sh stop    # stops them again (the directory stays: its logs)
+#   scripts/local_slurm.sh stop    # cancels the jobs left, stops the daemons (the directory stays: its logs)
 #
 # Two nodes (ATTNLAB_SLURM_NODES) on one host: each is a NodeName with its own slurmd port, started as
 # `slurmd -N <node>` (no cgroups needed: proctrack/linuxproc, task/none), so a 2-node job really runs 2 slurmd steps.
@@ -82,6 +82,11 @@ start() {
 
 stop() {
   local pidfile pid
+  if [ -s "$DIR/slurmctld.pid" ] && kill -0 "$(cat "$DIR/slurmctld.pid")" 2>/dev/null; then
+    export SLURM_CONF=$DIR/slurm.conf  # cancel what still runs, or its steps would outlive their slurmd
+    squeue -h -o %A | xargs -r scancel --full
+    for _ in $(seq 1 60); do [ -z "$(squeue -h -o %A)" ] && break; sleep 1; done
+  fi
   for pidfile in "$DIR"/slurmd-*.pid "$DIR/slurmctld.pid" "$DIR/munged.pid"; do
     [ -s "$pidfile" ] || continue
     pid=$(cat "$pidfile")

@@ -18,6 +18,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from attnlab.errors import ConfigError
@@ -27,7 +28,7 @@ from attnlab.training.loggers import run_id
 from attnlab.training.run import run
 from hydra_plugins.attnlab_launcher.slurm_launcher import RequeueLimit
 from tests.conftest import ROOT, compose_config
-from tests.test_ddp import RTOL, STEPS, common, train_losses, write_corpus
+from tests.test_ddp import ATOL_WEIGHTS, RTOL, STEPS, common, train_losses, write_corpus
 
 README_SECTION = "## On a cluster"
 
@@ -132,9 +133,20 @@ def readme_train(line: str, extra: list[str]) -> list[str]:
     return [sys.executable, str(ROOT / "train.py"), *words[2:], *extra]
 
 
-def start_sweep(cluster: SimpleNamespace, command: list[str]) -> subprocess.Popen:
-    log = (cluster.root / f"sweep-{time.monotonic_ns()}.log").open("w")
-    return subprocess.Popen(command, cwd=cluster.root, env=cluster.env, stdout=log, stderr=subprocess.STDOUT, text=True)
+@pytest.fixture
+def start_sweep(cluster: SimpleNamespace) -> Iterator:
+    """``start_sweep(command)``: a sweep in the background, its output in a file; stopped if the test ends first."""
+    started: list[subprocess.Popen] = []
+
+    def start(command: list[str]) -> subprocess.Popen:
+        log = (cluster.root / f"sweep-{time.monotonic_ns()}.log").open("w")
+        started.append(subprocess.Popen(command, cwd=cluster.root, env=cluster.env, stdout=log, stderr=log))
+        return started[-1]
+
+    yield start
+    for process in started:
+        process.kill()
+        process.wait()
 
 
 def sweep(cluster: SimpleNamespace, command: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
@@ -197,18 +209,21 @@ def test_two_nodes_train_like_one_process_on_the_same_global_batch(two_nodes: Si
 
 @pytest.mark.slow
 def test_the_two_node_checkpoint_resumes_in_one_process(two_nodes: SimpleNamespace, tmp_path: Path, data_cache: Path):
-    """3 more steps from the 2-node job's last.ckpt in one process = 3 more from the one process's own."""
-    more = [*two_nodes.overrides, f"trainer.max_steps={STEPS + 3}"]
-    for name, start in (("from_ddp", two_nodes.ddp), ("from_single", two_nodes.single)):
-        checkpoint = start / "checkpoints" / "last.ckpt"
-        assert load_checkpoint(checkpoint).global_step == STEPS
-        run(compose_config([*more, f"ckpt_path={checkpoint}"], tmp_path / name, data_cache))
-    resumed = [train_losses(tmp_path / name)[-3:] for name in ("from_ddp", "from_single")]
-    assert resumed[0] == pytest.approx(resumed[1], rel=RTOL)
+    """The 2-node job's last.ckpt holds the one process's weights (to fp32 rounding) and one process trains on from
+    it. (Its data position is rank 0's: one process resumed from it draws other blocks than it would from its own
+    checkpoint, so the losses after the resume are not compared.)"""
+    ddp = load_checkpoint(two_nodes.ddp / "checkpoints" / "last.ckpt")
+    single = load_checkpoint(two_nodes.single / "checkpoints" / "last.ckpt")
+    assert ddp.global_step == single.global_step == STEPS
+    for name, weight in single.state_dict.items():
+        torch.testing.assert_close(ddp.state_dict[name], weight, rtol=0, atol=ATOL_WEIGHTS, msg=f"{name} differs")
+    more = [*two_nodes.overrides, f"trainer.max_steps={STEPS + 3}", f"ckpt_path={ddp.path}"]
+    results = run(compose_config(more, tmp_path / "from_ddp", data_cache))
+    assert results["steps"] == STEPS + 3 and len(train_losses(tmp_path / "from_ddp")) == 3
 
 
 def long_run(cluster: SimpleNamespace, name: str, data_cache: Path, *extra: str) -> list[str]:
-    """A job long enough to be interrupted (400 steps), saving every 50 (so the test sees training under way)."""
+    """A job long enough to be interrupted (60 steps), saving every 10 (so the test sees training under way)."""
     return [
         sys.executable,
         str(ROOT / "train.py"),
@@ -216,9 +231,9 @@ def long_run(cluster: SimpleNamespace, name: str, data_cache: Path, *extra: str)
         "hydra/launcher=slurm",
         "trainer=cpu",
         *micro(cluster, name, data_cache),
-        "trainer.max_steps=400",
-        "trainer.val_check_interval=400",
-        "callbacks.last_checkpoint.every_n_train_steps=50",
+        "trainer.max_steps=60",
+        "trainer.val_check_interval=60",
+        "callbacks.last_checkpoint.every_n_train_steps=10",
         "callbacks.last_checkpoint.every_minutes=null",
         "ckpt_path=${resume_ckpt:}",
         *extra,
@@ -226,12 +241,13 @@ def long_run(cluster: SimpleNamespace, name: str, data_cache: Path, *extra: str)
 
 
 def job_id_once_training(sweep_dir: Path, timeout: float = 240) -> str:
-    """The SLURM id of the sweep's job 0 once its first periodic last.ckpt is written."""
+    """The SLURM id of the sweep's only job (its submitit folder's name) once its first periodic last.ckpt is
+    written."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        tasks = sorted((sweep_dir / ".submitit").glob("*_0"))
-        if tasks and (sweep_dir / "job0" / "checkpoints" / "last.ckpt").is_file():
-            return tasks[0].name
+        logs = sorted((sweep_dir / ".submitit").glob("*/*_log.out"))
+        if logs and (sweep_dir / "job0" / "checkpoints" / "last.ckpt").is_file():
+            return logs[0].parent.name
         time.sleep(0.2)
     raise AssertionError(f"job 0 of {sweep_dir} did not start training in {timeout} s")
 
@@ -245,7 +261,9 @@ def last_losses(run_dir: Path) -> dict[int, str]:
 
 
 @pytest.mark.slow
-def test_a_requeued_job_resumes_bit_for_bit_under_the_same_wandb_run(cluster: SimpleNamespace, data_cache: Path):
+def test_a_requeued_job_resumes_bit_for_bit_under_the_same_wandb_run(
+    cluster: SimpleNamespace, start_sweep, data_cache: Path
+) -> None:
     """``scontrol requeue`` (what preemption does) mid-run: the job saves at the end of its step, SLURM starts it
     again, it resumes from that last.ckpt and every later loss equals the uninterrupted job's, to the bit."""
     logged = ["trainer.log_every_n_steps=1", "logger=wandb"]
@@ -254,28 +272,30 @@ def test_a_requeued_job_resumes_bit_for_bit_under_the_same_wandb_run(cluster: Si
     job = job_id_once_training(cluster.root / "requeued")
     subprocess.run(["scontrol", "requeue", job], env=cluster.env, check=True)
     for process in (requeued, reference):
-        assert process.wait(timeout=400) == 0, Path(process.stdout.name).read_text()[-3000:]
+        assert process.wait(timeout=400) == 0, sorted(cluster.root.glob("sweep-*.log"))
     run_dir = cluster.root / "requeued" / "job0"
     log = (run_dir / "train.log").read_text()
     (resumed_at,) = map(int, re.findall(r"Resuming \S+ at step (\d+)", log))
-    assert 50 <= resumed_at < 400  # saved on SLURM's SIGTERM, mid-run
+    assert 10 <= resumed_at < 60  # saved on SLURM's SIGTERM, mid-run
     assert "stopped by SIGTERM at step" in log
     ours, theirs = last_losses(run_dir), last_losses(cluster.root / "reference" / "job0")
-    assert len(theirs) == 400 and ours == theirs
+    assert len(theirs) == 60 and ours == theirs
     wandb_id = (run_dir / "wandb" / "run_id").read_text().strip()
     attempts = sorted((run_dir / "wandb").glob("offline-run-*"))
     assert len(attempts) == 2 and all(path.name.endswith(f"-{wandb_id}") for path in attempts)
 
 
 @pytest.mark.slow
-def test_a_job_that_keeps_being_requeued_stops_and_the_summary_names_it(cluster: SimpleNamespace, data_cache: Path):
+def test_a_job_that_keeps_being_requeued_stops_and_the_summary_names_it(
+    cluster: SimpleNamespace, start_sweep, data_cache: Path
+) -> None:
     """The time-limit warning (USR2, ``signal_delay_s`` early) makes rank 0 ask SLURM for the requeue; with
     ``max_requeues=0`` the next start is refused and the sweep's summary says why; the checkpoint is kept."""
     process = start_sweep(cluster, long_run(cluster, "bounded", data_cache, "hydra.launcher.max_requeues=0"))
     job = job_id_once_training(cluster.root / "bounded")
     subprocess.run(["scancel", "--signal=USR2", job], env=cluster.env, check=True)
     assert process.wait(timeout=400) == 1
-    output = Path(process.stdout.name).read_text()
+    output = "".join(path.read_text() for path in cluster.root.glob("sweep-*.log"))
     (record,) = [job for job in jobs(cluster.root / "bounded") if job["status"] == "failed"][-1:]
     assert record["error"].startswith("error: hydra.launcher.max_requeues: SLURM job")
     assert "requeued 1 times, more than the 0 allowed" in record["error"]
@@ -294,9 +314,9 @@ def test_a_table_runs_its_cells_as_slurm_jobs_and_a_rerun_submits_nothing(cluste
     command += [f"args='paths.cache_dir={data_cache}'"]
     done = sweep(cluster, command, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    submitted = sorted(p.name for p in (runs_dir / ".submitit").glob("*_*"))
+    submitted = sorted(p.name for p in (runs_dir / ".submitit").glob("*_*") if p.is_dir())
     assert len(submitted) == 4  # 2 arrays (pretrain, fine-tune) of 2 cells each
     assert len(list(runs_dir.glob("*/results.json"))) == 4 and "| vanilla" in done.stdout
     again = sweep(cluster, command, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert sorted(p.name for p in (runs_dir / ".submitit").glob("*_*")) == submitted
+    assert sorted(p.name for p in (runs_dir / ".submitit").glob("*_*") if p.is_dir()) == submitted
