@@ -8,6 +8,10 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+# SLURM's SIGTERM to this job (requeue, preemption, cancel), as hydra/launcher=slurm's job records it: every process
+# of the job step gets it, W&B's service among them, so the W&B logger drops what it can no longer send
+TERMINATED: list[int] = []
+
 
 def processes_per_node(devices: Any) -> int | None:
     """The processes Lightning runs per node for ``trainer.devices``: a count, or a list's length; None for auto."""

@@ -33,7 +33,7 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLaunche
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from attnlab.errors import ConfigError
-from attnlab.slurm import resource_mismatch
+from attnlab.slurm import TERMINATED, resource_mismatch
 from attnlab.training.sweeps import SWEEP_ID, record_job
 
 log = logging.getLogger(__name__)
@@ -151,10 +151,15 @@ class AttnlabSlurmLauncher(SlurmLauncher):
             sweep_config.hydra.job.num = job_num
         restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
         task = RequeueLimit(restarts, self.max_requeues) if restarts > self.max_requeues else self.task_function
-        return run_job(
+        # SLURM's SIGTERM: requeued (or cancelled); Lightning calls this handler beside its own
+        signal.signal(signal.SIGTERM, lambda signal_number, _frame: TERMINATED.append(signal_number))
+        job_return = run_job(
             hydra_context=self.hydra_context,
             task_function=task,
             config=sweep_config,
             job_dir_key=job_dir_key,
             job_subdir_key="hydra.sweep.subdir",
         )
+        if TERMINATED:  # however the run ended then (W&B's service gets the signal too): no result, so the launcher
+            raise SystemExit(128 + signal.SIGTERM)  # waits for the job's next start, which resumes from last.ckpt
+        return job_return
