@@ -21,6 +21,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from attnlab.cli.table import launcher_overrides
 from attnlab.errors import ConfigError
 from attnlab.runs import load_checkpoint
 from attnlab.slurm import resource_mismatch
@@ -86,6 +87,15 @@ def test_a_mismatch_is_refused_in_one_line_before_anything_is_submitted(tmp_path
         "ranks that never start); leave it to follow trainer.devices"
     )
     assert "Traceback" not in done.stderr and not (tmp_path / "sweep" / ".submitit").exists()
+
+
+def test_a_table_launcher_named_alone_is_the_preset() -> None:
+    """``make reproduce-table3 LAUNCHER=slurm`` (or ``LAUNCHER="slurm hydra.launcher.partition=gpu"``)."""
+    assert launcher_overrides("slurm hydra.launcher.partition=gpu") == [
+        "hydra/launcher=slurm",
+        "hydra.launcher.partition=gpu",
+    ]
+    assert launcher_overrides("hydra/launcher=joblib") == ["hydra/launcher=joblib"] and launcher_overrides("") == []
 
 
 def test_a_job_past_its_requeues_fails_naming_the_bound() -> None:
@@ -200,6 +210,7 @@ def test_two_nodes_train_like_one_process_on_the_same_global_batch(two_nodes: Si
     log = (two_nodes.ddp / "train.log").read_text() + (two_nodes.ddp / "train_ddp_process_1.log").read_text()
     assert "GLOBAL_RANK: 0, MEMBER: 1/2" in log and "GLOBAL_RANK: 1, MEMBER: 2/2" in log
     assert not (two_nodes.ddp / ".hydra-1").exists()  # rank 1 wrote no .hydra/ of its own
+    assert len(jobs(two_nodes.ddp.parent)) == 1  # nor a line in jobs.jsonl
     ddp, single = train_losses(two_nodes.ddp), train_losses(two_nodes.single)
     assert len(single) == STEPS and single[-1] < single[0]
     assert ddp == pytest.approx(single, rel=RTOL)
@@ -317,9 +328,9 @@ def test_a_table_runs_its_cells_as_slurm_jobs_and_a_rerun_submits_nothing(cluste
     command += [f"args='paths.cache_dir={data_cache}'"]
     done = sweep(cluster, command, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    submitted = sorted(p.name for p in (runs_dir / ".submitit").glob("*_*") if p.is_dir())
-    assert len(submitted) == 4  # 2 arrays (pretrain, fine-tune) of 2 cells each
+    submitted = sorted(p.name for p in (runs_dir / ".submitit").iterdir() if p.is_dir())  # a folder per job
+    assert len([name for name in submitted if "_" in name]) == 4  # 2 arrays (pretrain, fine-tune) of 2 cells
     assert len(list(runs_dir.glob("*/results.json"))) == 4 and "| vanilla" in done.stdout
     again = sweep(cluster, command, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert sorted(p.name for p in (runs_dir / ".submitit").glob("*_*") if p.is_dir()) == submitted
+    assert sorted(p.name for p in (runs_dir / ".submitit").iterdir() if p.is_dir()) == submitted
