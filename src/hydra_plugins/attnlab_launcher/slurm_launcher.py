@@ -46,7 +46,7 @@ def requeue_this_job() -> None:
     job = os.environ.get("SLURM_ARRAY_JOB_ID")
     job = f"{job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if job else os.environ["SLURM_JOB_ID"]
     log.warning("Time limit near: asking SLURM to requeue job %s (it saves last.ckpt on the SIGTERM that follows)", job)
-    subprocess.Popen(["scontrol", "requeue", job])
+    subprocess.run(["scontrol", "requeue", job], check=False)
 
 
 class RequeueLimit:
@@ -98,7 +98,7 @@ class AttnlabSlurmLauncher(SlurmLauncher):
             try:
                 returns.append(job.results()[0])
             except (submitit.core.utils.FailedJobError, submitit.core.utils.UncompletedJobError) as exc:
-                returns.append(self.lost(num, list(overrides), sweep_dir, job.job_id, exc))
+                returns.append(self.lost(num, list(overrides), sweep_dir, job, exc))
         return returns
 
     def executor(self) -> Any:
@@ -114,11 +114,11 @@ class AttnlabSlurmLauncher(SlurmLauncher):
         return executor
 
     @staticmethod
-    def lost(num: int, overrides: list[str], sweep_dir: Path, job_id: str, exc: Exception) -> JobReturn:
+    def lost(num: int, overrides: list[str], sweep_dir: Path, job: Any, exc: Exception) -> JobReturn:
         """A job that ended outside its Hydra task (killed, cancelled, out of time): failed in ``jobs.jsonl``, with
-        the file its output went to; handled, so the sweep's summary names it."""
+        the file its errors went to; handled, so the sweep's summary names it."""
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        error = f"error: SLURM job {job_id} ended without a result ({reason}); its log: {sweep_dir}/.submitit/"
+        error = f"error: SLURM job {job.job_id} ended without a result ({reason}); its log: {job.paths.stderr}"
         log.error("Job %d (%s) failed: %s", num, " ".join(overrides), error)
         record = {"num": num, "sweep": os.environ.get(SWEEP_ID), "overrides": overrides, "output_dir": None}
         record_job(sweep_dir, record | {"status": "failed", "error": error})
