@@ -325,7 +325,7 @@ def test_a_table_runs_its_cells_as_slurm_jobs_and_a_rerun_submits_nothing(cluste
     runs_dir = cluster.root / "runs"
     command = [sys.executable, str(ROOT / "experiments" / "reproduce_table.py"), "table=table3", "scale=smoke"]
     command += ["launcher=slurm", f"runs_dir={runs_dir}", f"results_dir={cluster.root / 'results'}"]
-    command += [f"args='paths.cache_dir={data_cache}'"]
+    command += [f"args='paths.cache_dir={data_cache}'", f"hydra.run.dir={cluster.root / 'table'}"]  # its own log
     done = sweep(cluster, command, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     submitted = sorted(p.name for p in (runs_dir / ".submitit").iterdir() if p.is_dir())  # a folder per job
