@@ -3,6 +3,7 @@ environment under SLURM with its auto-requeue off (SLURM alone requeues: the lau
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,6 +12,7 @@ from omegaconf import DictConfig
 # SLURM's SIGTERM to this job (requeue, preemption, cancel), as hydra/launcher=slurm's job records it: every process
 # of the job step gets it, W&B's service among them, so the W&B logger drops what it can no longer send
 TERMINATED: list[int] = []
+IN_LAUNCHED_JOB = threading.Event()  # set in a job hydra/launcher=slurm started (SLURM, not Lightning, requeues it)
 
 
 def processes_per_node(devices: Any) -> int | None:
@@ -58,8 +60,9 @@ def resource_mismatch(params: dict[str, Any], trainer: DictConfig) -> str | None
 
 
 def cluster_plugins() -> list[Any]:
-    """Lightning's ``SLURMEnvironment`` (the one it would pick itself) without auto-requeue inside a SLURM job, else
-    none."""
+    """Lightning's ``SLURMEnvironment`` (the one it would pick itself) without auto-requeue in a job that
+    ``hydra/launcher=slurm`` started; else none (Lightning's own choice: a user's sbatch script keeps its auto-requeue).
+    """
     from lightning.fabric.plugins.environments import SLURMEnvironment
 
-    return [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []
+    return [SLURMEnvironment(auto_requeue=False)] if IN_LAUNCHED_JOB.is_set() and SLURMEnvironment.detect() else []

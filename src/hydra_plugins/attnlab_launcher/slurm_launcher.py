@@ -33,7 +33,7 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLaunche
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from attnlab.errors import ConfigError
-from attnlab.slurm import TERMINATED, resource_mismatch
+from attnlab.slurm import IN_LAUNCHED_JOB, TERMINATED, resource_mismatch
 from attnlab.training.sweeps import SWEEP_ID, record_job
 
 log = logging.getLogger(__name__)
@@ -138,6 +138,7 @@ class AttnlabSlurmLauncher(SlurmLauncher):
         assert self.hydra_context is not None and self.config is not None and self.task_function is not None
         environment = submitit.JobEnvironment()
         rank = environment.global_rank
+        IN_LAUNCHED_JOB.set()  # Lightning's auto-requeue off (attnlab.slurm.cluster_plugins)
         if rank == 0:  # replaces submitit's checkpoint-and-requeue, which would exit in the middle of a step
             signal.signal(WARNING_SIGNAL, lambda _signal, _frame: requeue_this_job())
         else:  # rank 0 writes .hydra/, its log and jobs.jsonl (as Lightning's own launcher does for its ranks)
