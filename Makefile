@@ -10,8 +10,9 @@ LAUNCHER ?=
 RENDER ?=
 PARTIAL ?=
 # the table engine: SCALE (one of the table's scales, as make help lists them), FORCE=1 (fresh cells), ARGS (train.py
-# overrides), LAUNCHER (Hydra's), RENDER=1 (write the table again from its committed runs.csv: no training, no
-# evaluation), PARTIAL=1 (write it from the cells trained so far, while the run goes on elsewhere: no training)
+# overrides), LAUNCHER (Hydra's launcher: slurm or joblib, then its overrides), RENDER=1 (write the table again from
+# its committed runs.csv: no training, no evaluation), PARTIAL=1 (write it from the cells trained so far, while the
+# run goes on elsewhere: no training)
 TABLE = $(PY) experiments/reproduce_table.py scale=$(SCALE) force=$(if $(FORCE),true,false) "args='$(ARGS)'" \
 	"launcher='$(LAUNCHER)'" render_only=$(if $(RENDER),true,false) partial=$(if $(PARTIAL),true,false)
 

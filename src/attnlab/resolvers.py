@@ -12,6 +12,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.digest import digest
+from attnlab.slurm import gpus_per_node, processes_per_node
 
 # One id per process: a timestamp plus random hex, so two runs started in the same second never share a
 # directory, while every interpolation inside one process (hydra.run.dir, a sweep's dir) sees the same id.
@@ -50,6 +51,9 @@ if not OmegaConf.has_resolver("job_dirname"):
     OmegaConf.register_new_resolver("job_dirname", job_dirname)
 if not OmegaConf.has_resolver("run_id"):
     OmegaConf.register_new_resolver("run_id", lambda: RUN_ID)
+if not OmegaConf.has_resolver("slurm_tasks"):  # hydra/launcher=slurm's resources, from the trainer
+    OmegaConf.register_new_resolver("slurm_tasks", processes_per_node)
+    OmegaConf.register_new_resolver("slurm_gpus", gpus_per_node)
 if not OmegaConf.has_resolver("project_root"):
     OmegaConf.register_new_resolver("project_root", project_root)
 
