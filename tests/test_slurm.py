@@ -1,4 +1,4 @@
-"""``hydra/launcher=slurm`` on a real scheduler: the README's local cluster (scripts/local_slurm.sh: Debian's SLURM
+"""``hydra/launcher=slurm`` on a real scheduler: the README's local cluster (tests/local_slurm.sh: Debian's SLURM
 22.05, two slurmd on this host) runs a 2-job sweep, a 2-node DDP job that trains like one process on the same global
 batch, a requeued job that resumes bit for bit under the same W&B run, a job past its requeue bound, and a table
 whose cells are SLURM jobs. The fast tests check the launcher's resources against the trainer without SLURM."""
@@ -114,7 +114,7 @@ def unavailable() -> str | None:
     if shutil.which("slurmctld") is None or shutil.which("munged") is None:
         return "SLURM is not installed (.ci/run installs Debian's slurm-wlm and munge when it runs as root)"
     if os.geteuid() != 0:
-        return "the local SLURM cluster (scripts/local_slurm.sh) runs as root"
+        return "the local SLURM cluster (tests/local_slurm.sh) runs as root"
     return None
 
 
@@ -133,7 +133,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespac
     try:
         yield SimpleNamespace(env=env, root=root, corpus=write_corpus(root / "corpus.txt"))
     finally:
-        subprocess.run(shlex.split(readme_line("scripts/local_slurm.sh stop")), cwd=ROOT, env=env, timeout=60)
+        subprocess.run(shlex.split(readme_line("tests/local_slurm.sh stop")), cwd=ROOT, env=env, timeout=60)
 
 
 def readme_train(line: str, extra: list[str]) -> list[str]:

@@ -2,10 +2,10 @@
 # A SLURM cluster on this one machine, for trying hydra/launcher=slurm and for the slow tests: Debian's slurm-wlm
 # (22.05) and munge, run as root, everything (config, keys, state, logs) under one directory.
 #
-#   scripts/local_slurm.sh start   # writes $ATTNLAB_SLURM_DIR/slurm.conf, starts munged, slurmctld and one slurmd per
+#   tests/local_slurm.sh start   # writes $ATTNLAB_SLURM_DIR/slurm.conf, starts munged, slurmctld and one slurmd per
 #                                  # node, waits until sinfo shows every node idle, prints what to export
-#   eval "$(scripts/local_slurm.sh start)"   # ... and exports it (SLURM_CONF, MASTER_ADDR)
-#   scripts/local_slurm.sh stop    # cancels the jobs left, stops the daemons (the directory stays: its logs)
+#   eval "$(tests/local_slurm.sh start)"   # ... and exports it (SLURM_CONF, MASTER_ADDR)
+#   tests/local_slurm.sh stop    # cancels the jobs left, stops the daemons (the directory stays: its logs)
 #
 # Two nodes (ATTNLAB_SLURM_NODES) on one host: each is a NodeName with its own slurmd port, started as
 # `slurmd -N <node>` (no cgroups needed: proctrack/linuxproc, task/none), so a 2-node job really runs 2 slurmd steps.
