@@ -449,6 +449,35 @@ def test_sink_epsilon_is_the_share_of_heads_whose_mean_first_token_attention_exc
     assert all(not b.attn.record_probabilities and b.attn.probabilities is None for b in model.blocks)
 
 
+def make_heads_dormant(model: GPT, on_first: float = -2.0, elsewhere: float = -12.0) -> None:
+    """Hand-made scores of a head with nothing to read (Gu et al.'s and Guo et al.'s dormant head): every query scores
+    every key low, the first key a little less low; the causal mask and each variant's own normalisation still run."""
+
+    def scores(q: torch.Tensor, k: torch.Tensor, hook) -> torch.Tensor:
+        made = torch.full((q.shape[0], q.shape[1], q.shape[2], k.shape[2]), elsewhere)
+        made[..., 0] = on_first
+        return hook("scores", made)
+
+    for block in model.blocks:
+        block.attn.variant.scaled_scores = scores
+
+
+@pytest.mark.parametrize(("attention", "expected"), [("vanilla", 1.0), ("sink", 0.0), ("sigmoid", 0.0)])
+def test_a_dormant_head_sinks_on_the_first_token_only_where_its_row_must_sum_to_one(
+    attention: str, expected: float
+) -> None:
+    """The controls of Gu et al. (their model-architecture experiments): the same dormant scores give softmax a
+    first-token sink in every head (its rows must put their mass somewhere), while the learnable per-head key logit of
+    ``sink`` (at its init, 0) takes the mass off the first token and unnormalised ``sigmoid`` attends to nothing:
+    Sink^eps 1, 0, 0."""
+    model = tiny(attention)
+    make_heads_dormant(model)
+    result = sink_epsilon(model, rows(4, T), window=16)
+    assert result["sink_epsilon"] == expected
+    shares = torch.tensor(result["first_token_share_per_head"])
+    assert bool((shares > 0.9).all()) if expected else bool((shares < 0.15).all())
+
+
 def test_first_token_share_of_forced_and_uniform_attention() -> None:
     forced, batch = tiny(), rows(2)
     force_attention_to_first_key(forced)
