@@ -709,6 +709,23 @@ def test_run_analysis_writes_every_applicable_file(attention: str, tokenizer, tm
     assert ("gate value" in printed) == (attention == "gated_sdpa")
 
 
+def test_sink_epsilon_runs_where_rows_hold_its_window_and_draws_the_heads(tokenizer, tmp_path: Path) -> None:
+    """``sink_epsilon`` in ``run_analysis``: on 64-token rows its headline, section, printout line and the per-head
+    figure; on a model whose context is shorter than the window it is left out (another T is another metric)."""
+    tok, text = tokenizer
+    cfg = {"texts": [text], "eval_max_tokens": 640, "metrics": ["sink_epsilon"], "sink_windows": 6}
+    for block_size, runs in ((64, True), (32, False)):
+        config = ModelConfig(n_layer=2, n_head=2, n_embd=16, block_size=block_size, vocab_size=tok.get_vocab_size())
+        torch.manual_seed(0)
+        out = tmp_path / str(block_size)
+        result = run_analysis(GPT(config, {"name": "vanilla"}), tok, out, cfg)
+        assert ("sink_epsilon" in result["summary"]) == runs and ("sink_heads.png" in result["files"]) == runs
+        assert (out / "sink_heads.png").exists() == runs and ("Sink^eps" in format_summary(result)) == runs
+    assert result is not None and "sink_epsilon" not in result
+    saved = json.loads((tmp_path / "64" / "analysis.json").read_text())
+    assert saved["sink_epsilon"]["windows"] == 6 and len(saved["sink_epsilon"]["sink_epsilon_per_head"]) == 2
+
+
 def test_w8a8_metric_says_which_rows_it_calibrated_on(tokenizer, tmp_path: Path) -> None:
     cfg = {"eval_tokens": rows(4, T).flatten(), "metrics": ["w8a8"], "batch_size": 2, "seq_len": T}
     evaluation = run_analysis(tiny(), tokenizer[0], tmp_path, cfg)
