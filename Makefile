@@ -89,7 +89,7 @@ reproduce-table8_single_term: $(STAMP)  ## Table 8's baselines alone on q, no SS
 reproduce-outliers: $(STAMP)  ## Bondarenko et al.: outliers and W8A8 (vanilla / clipped softmax / gated; SCALE=cpu|cpu_long|gpu|gpu_wide|paper|smoke; cpu_long: ~9.5 h, where vanilla grows outliers) -> experiments/results/outliers/
 	$(TABLE) table=outliers
 
-reproduce-gating: $(STAMP)  ## Qiu et al.: gate positions G1-G5 and forms (perplexity, sinks, gates; SCALE=cpu|cpu_long|gpu|paper|smoke; cpu_long and gpu: G1 and G2 only) -> experiments/results/gating/
+reproduce-gating: $(STAMP)  ## Qiu et al.: gate positions G1-G5 and forms (perplexity, sinks, gates; SCALE=cpu|cpu_long|gpu|paper|smoke|synthetic; cpu_long and gpu: G1 and G2 only; synthetic: Bigram-Backcopy) -> experiments/results/gating/
 	$(TABLE) table=gating
 
 reproduce-pruning: $(STAMP)  ## Michel et al.: head pruning curves, importance vs random (the outliers table's cells; SCALE=cpu|cpu_long|gpu|paper|smoke) -> experiments/results/pruning/
