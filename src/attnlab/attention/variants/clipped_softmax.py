@@ -58,7 +58,7 @@ class ClippedSoftmaxOptions(VariantOptions):
 
 @register("clipped_softmax")
 class ClippedSoftmax(AttentionVariant):
-    """o = clip((zeta - gamma) softmax(q k^T / sqrt(d_h)) + gamma, 0, 1) v, softmax in fp32."""
+    """o = clip((zeta - gamma) softmax(q k^T / sqrt(d_h)) + gamma, 0, 1) v, softmax in fp32 (or float64)."""
 
     Options = ClippedSoftmaxOptions
 
@@ -69,7 +69,7 @@ class ClippedSoftmax(AttentionVariant):
         self.gamma = options.gamma if options.gamma is not None else -options.alpha / context
 
     def probabilities(self, scores: Tensor) -> Tensor:
-        return torch.clamp((self.zeta - self.gamma) * torch.softmax(scores.float(), dim=-1) + self.gamma, 0, 1)
+        return torch.clamp((self.zeta - self.gamma) * torch.softmax(scores, dim=-1) + self.gamma, 0, 1)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout: float) -> Tensor:
         return attend_in_chunks(

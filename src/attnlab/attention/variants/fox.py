@@ -27,6 +27,7 @@ from attnlab.attention.base import (
     IntermediateHook,
     VariantOptions,
     causal_bias,
+    compute_dtype,
     register,
     unchanged,
 )
@@ -59,11 +60,11 @@ class ForgettingAttention(AttentionVariant):
         nn.init.zeros_(self.gate.bias)
 
     def transform_qkv(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext):
-        log_f = F.logsigmoid(self.gate(x).float())  # (B, T, H), fp32 as the reference requires
+        log_f = F.logsigmoid(self.gate(x).to(compute_dtype(k)))  # (B, T, H), fp32 (or wider) as the reference requires
         self.record("forget_gate", log_f.exp())
         batch, t, _ = log_f.shape
         per_kv_head = log_f.view(batch, t, k.shape[1], -1).transpose(1, 2)  # (B, KV, T, H / KV)
-        return q, torch.cat([k.float(), per_kv_head], dim=-1), v
+        return q, torch.cat([k.to(log_f.dtype), per_kv_head], dim=-1), v
 
     def cumulative_gate(self, k: Tensor) -> Tensor:
         """c (B, H, t_k), the cumulative log forget gate over the keys, from the log f stored with them."""
@@ -75,12 +76,12 @@ class ForgettingAttention(AttentionVariant):
         return c[..., -t_q:, None] - c[..., None, :]
 
     def bias(self, q: Tensor, k: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
-        """The additive fp32 bias: decay plus the causal (or ALiBi) mask."""
+        """The additive bias in k's dtype (fp32 or wider): decay plus the causal (or ALiBi) mask."""
         t_q, t_k = q.shape[2], k.shape[2]
         bias = self.decay(k, t_q)
         if mask is not None:
-            return bias + mask.float()
-        return bias + causal_bias(t_q, t_k, q.device) if is_causal else bias
+            return bias + mask.to(bias.dtype)
+        return bias + causal_bias(t_q, t_k, q.device, bias.dtype) if is_causal else bias
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout: float) -> Tensor:
         keys = k[..., : self.shape.head_dim].to(q.dtype)
@@ -113,5 +114,5 @@ class ForgettingAttention(AttentionVariant):
         hook = hook or unchanged
         scores = self.scaled_scores(q, k[..., : self.shape.head_dim], hook)
         probs = hook("probabilities", torch.softmax(scores + self.bias(q, k, mask, is_causal), dim=-1))
-        values = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1).float()
+        values = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1).to(probs.dtype)
         return hook("context", probs @ values).to(q.dtype), probs

@@ -55,7 +55,7 @@ class SigmoidAttention(AttentionVariant):
         self.bias = options.bias if options.bias is not None else -math.log(context)
 
     def probabilities(self, scores: Tensor) -> Tensor:
-        return torch.sigmoid(scores.float() + self.bias)
+        return torch.sigmoid(scores + self.bias)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout: float) -> Tensor:
         return attend_in_chunks(

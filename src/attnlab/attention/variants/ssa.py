@@ -28,6 +28,7 @@ from attnlab.attention.base import (
     AttentionShape,
     AttentionVariant,
     VariantOptions,
+    compute_dtype,
     register,
     register_preset,
 )
@@ -147,7 +148,7 @@ class SelectiveTemperature(AttentionVariant):
         return [f"temperature_{c}" for c in self.temperatures]
 
     def transform_qkv(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext):
-        log_n = torch.log(ctx.positions.float() + 1).unsqueeze(-1)  # (T, 1), absolute positions
+        log_n = torch.log(ctx.positions.to(compute_dtype(q)) + 1).unsqueeze(-1)  # (T, 1), absolute positions
         qkv = {"q": q, "k": k, "v": v}
         for c, temperature in self.temperatures.items():
             tau = temperature(x, qkv[c], log_n, ctx.token_features)

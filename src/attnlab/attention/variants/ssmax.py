@@ -18,7 +18,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from attnlab.attention.base import AttentionContext, AttentionShape, AttentionVariant, VariantOptions, register
+from attnlab.attention.base import (
+    AttentionContext,
+    AttentionShape,
+    AttentionVariant,
+    VariantOptions,
+    compute_dtype,
+    register,
+)
 from attnlab.errors import require
 
 
@@ -49,7 +56,7 @@ class SSMax(AttentionVariant):
         return ["logit_scale"]
 
     def transform_qkv(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext):
-        log_n = torch.log(ctx.positions.float() + 1).unsqueeze(-1)  # (T, 1), absolute positions
+        log_n = torch.log(ctx.positions.to(compute_dtype(q)) + 1).unsqueeze(-1)  # (T, 1), absolute positions
         scale = self.s.view(-1, 1, 1) * log_n  # (H, T, 1)
         self.record("logit_scale", scale.expand(*q.shape[:-1], 1))
         return q * scale.to(q.dtype), k, v

@@ -1,0 +1,98 @@
+"""Every registered variant in float64, on shapes the other tests do not use (B=3, T=37, 6 heads of 12, GQA with 2
+and 3 KV heads where the variant takes them): it runs, stays float64, agrees with itself in fp32, its fused and
+plain-math paths agree to float64 precision (values and every parameter's gradient), and its gradient is the
+derivative of its float64 output (a path that rounds through fp32 anywhere fails the finite difference).
+
+The per-variant checks against each reference's own math in float64 live with that reference's port
+(``test_matches_the_reference_in_float64`` and friends in the variant's test file)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from attnlab.attention import available_attention
+from attnlab.models.config import ModelConfig
+from attnlab.models.gpt import GPT
+from tests.test_attention_variants import VOCAB, build, tokens
+
+BATCH, T, HEADS, HEAD_DIM = 3, 37, 6, 12
+# the position encoding each variant takes (fox replaces rotary, stick-breaking takes none); rotary elsewhere
+POSITION_ENCODING = {"fox": "learned", "stickbreaking": "none"}
+
+
+def config(name: str, kv: int) -> ModelConfig:
+    return ModelConfig(
+        n_layer=2,
+        n_head=HEADS,
+        n_kv_head=kv,
+        n_embd=HEADS * HEAD_DIM,
+        vocab_size=VOCAB,
+        block_size=64,
+        pos_encoding=POSITION_ENCODING.get(name, "rotary"),
+    )
+
+
+def twins(name: str, kv: int) -> tuple[GPT, GPT]:
+    """The same perturbed model in fp32 and in float64."""
+    model32 = build({"name": name}, config(name, kv), seed=7)
+    return model32, copy.deepcopy(model32).double()
+
+
+def use_reference_path(model: GPT, on: bool) -> None:
+    for block in model.blocks:
+        block.attn.record_probabilities = on
+
+
+def output_and_grads(model: GPT, idx: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Logits and the gradient of a loss that weighs each logit differently, for every parameter."""
+    logits = model(idx)
+    weights = torch.linspace(-1, 1, logits.numel(), dtype=logits.dtype).view(logits.shape)
+    params = [p for p in model.parameters() if p.requires_grad]
+    return (logits, *torch.autograd.grad((logits * weights).sum(), params))
+
+
+@pytest.mark.parametrize("kv", [2, 3])
+@pytest.mark.parametrize("name", available_attention())
+def test_float64_agrees_with_fp32_and_its_paths_agree_to_float64_precision(name: str, kv: int) -> None:
+    model32, model64 = twins(name, kv)
+    idx = tokens(T, batch=BATCH, seed=5)
+    fused = output_and_grads(model64, idx)
+    assert all(t.dtype == torch.float64 for t in fused)
+    torch.testing.assert_close(model32(idx).double(), fused[0], atol=1e-4, rtol=1e-4)
+    use_reference_path(model64, True)
+    reference = output_and_grads(model64, idx)
+    for index, (a, b) in enumerate(zip(fused, reference, strict=True)):
+        torch.testing.assert_close(a, b, atol=1e-11, rtol=1e-10, msg=lambda m, i=index: f"output/grad {i}: {m}")
+
+
+@pytest.mark.parametrize("name", available_attention())
+def test_float64_gradient_is_the_derivative_of_the_float64_output(name: str) -> None:
+    """A central difference along a random direction of every parameter equals the gradient's projection: in
+    float64 the two agree to ~1e-6 relative (the difference's own eps^2 error), while a value rounded through fp32
+    on the way (1e-7 relative) puts the quotient off by ~1e-7 / eps = 0.1 relative. The fused path only: the test
+    above ties the plain-math path to it at 1e-10."""
+    _, model = twins(name, 2)
+    idx = tokens(T, batch=BATCH, seed=5)
+    params = [p for p in model.parameters() if p.requires_grad]
+    generator = torch.Generator().manual_seed(3)
+    direction = [torch.randn(p.shape, generator=generator, dtype=p.dtype) for p in params]
+    logits = model(idx)
+    weights = torch.linspace(-1, 1, logits.numel(), dtype=logits.dtype).view(logits.shape)
+    grads = torch.autograd.grad((logits * weights).sum(), params)
+    analytic = sum((g * d).sum() for g, d in zip(grads, direction, strict=True))
+    eps = 1e-6
+
+    def loss_at(step: float) -> torch.Tensor:
+        with torch.no_grad():
+            for p, d in zip(params, direction, strict=True):
+                p.add_(step * d)
+            value = (model(idx) * weights).sum()
+            for p, d in zip(params, direction, strict=True):
+                p.sub_(step * d)
+        return value
+
+    numeric = (loss_at(eps) - loss_at(-eps)) / (2 * eps)
+    torch.testing.assert_close(numeric, analytic, atol=1e-4, rtol=1e-4)
