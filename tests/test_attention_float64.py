@@ -20,7 +20,7 @@ from tests.test_attention_variants import VOCAB, build, tokens
 
 BATCH, T, HEADS, HEAD_DIM = 3, 37, 6, 12
 # the position encoding each variant takes (fox replaces rotary, stick-breaking takes none); rotary elsewhere
-POSITION_ENCODING = {"fox": "learned", "stickbreaking": "none"}
+POSITION_ENCODING = {"fox": "learned", "fox_pro": "learned", "stickbreaking": "none"}
 
 
 def config(name: str, kv: int) -> ModelConfig:

@@ -42,13 +42,17 @@ CONFIGS = [{"name": name} for name in available_attention()] + [
     {"name": "softmax1", "sink_init": 1.5},
     {"name": "softpick", "chunk_size": 5},
     {"name": "sigmoid", "chunk_size": 5, "bias": -1.0},
+    {"name": "stickbreaking", "attend_current": True},
+    {"name": "fox", "key_shift": True, "output_gate": True},
+    {"name": "fox", "value_shift": True, "qk_norm": True, "output_norm": True},
+    {"name": "diff", "subln_affine": False},
 ]
 IDS = [c["name"] + "".join(f"-{k}={v}" for k, v in c.items() if k != "name") for c in CONFIGS]
 POSITION_ENCODINGS = ["learned", "rotary", "alibi", "sinusoidal"]
 # Variants with no setting that is vanilla (a fixed map other than softmax, a norm on q and k, a rule of their own);
 # their docstrings and own test files say why (fox: f = 1 needs an infinite bias).
 NO_NEUTRAL_SETTING = {"qk_norm", "qk_norm_projection", "softpick", "sigmoid", "ssmax", "selective", "stickbreaking"}
-NO_NEUTRAL_SETTING |= {"fox", "diff"}
+NO_NEUTRAL_SETTING |= {"fox", "fox_pro", "diff"}
 # Variants whose logits depend on the absolute position without an SSA position term.
 POSITION_DEPENDENT = {"ssmax"}
 
@@ -429,7 +433,7 @@ OTHER_BACKENDS = [("alibi", "flex"), ("rotary", "reference")]
 DOCUMENT_CASES = [(c, "learned", "sdpa") for c in CONFIGS]
 DOCUMENT_CASES += [({"name": n}, pos, b) for n in available_attention() for pos, b in OTHER_BACKENDS]
 # the variants that take no position encoding (stick-breaking) or refuse ALiBi and RoPE (FoX), on every backend
-UNENCODED = [(n, b) for n in ("stickbreaking", "fox") for b in ("sdpa", "flex", "reference")]
+UNENCODED = [(n, b) for n in ("stickbreaking", "fox", "fox_pro") for b in ("sdpa", "flex", "reference")]
 DOCUMENT_CASES += [({"name": n}, "none", b) for n, b in UNENCODED]
 DOCUMENT_IDS = [f"{i}-learned-sdpa" for i in IDS] + [
     f"{n}-{p}-{b}" for n in available_attention() for p, b in OTHER_BACKENDS

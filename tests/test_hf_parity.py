@@ -147,6 +147,7 @@ def exact_at_finetune_init(name: str) -> bool:
 NOT_FROM_PRETRAINED = {
     "selective": "a parameter-free rule with no neutral setting",
     "fox": "its forget gate is 1 only at an infinite bias, and it refuses rotary",
+    "fox_pro": "fox's reasons, and its q/k and output norms change the layer at any weight",
     "stickbreaking": "it takes no position encoding",
     "diff": "a different attention rule at every parameter value (the difference of two maps, normed)",
 }
