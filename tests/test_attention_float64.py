@@ -96,3 +96,21 @@ def test_float64_gradient_is_the_derivative_of_the_float64_output(name: str) -> 
 
     numeric = (loss_at(eps) - loss_at(-eps)) / (2 * eps)
     torch.testing.assert_close(numeric, analytic, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kv", [2, 3])
+@pytest.mark.parametrize("start_pos", [0, 37])
+def test_ssa_position_term_is_the_formula_in_float64(kv: int, start_pos: int) -> None:
+    """tau = 1 + sigmoid(alpha_h) log n_t on q, k and v with log n in float64: a constant rounded through fp32 keeps
+    the gradient consistent, so only the formula itself shows it."""
+    attention = {"name": "ssa_pos_only", "components": ["q", "k", "v"]}
+    model64 = build(attention, config("ssa_pos_only", kv), seed=7).double()
+    variant = model64.blocks[0].attn.variant
+    q, k, v = (torch.randn(BATCH, n, T, HEAD_DIM, dtype=torch.float64) for n in (HEADS, kv, kv))
+    ctx = model64.context(tokens(T, batch=BATCH), start_pos=start_pos)
+    new = variant.transform_qkv(torch.zeros(BATCH, T, HEADS * HEAD_DIM, dtype=torch.float64), q, k, v, ctx)
+    log_n = torch.arange(start_pos + 1, start_pos + T + 1, dtype=torch.float64).log()
+    for component, before, after in zip("qkv", (q, k, v), new, strict=True):
+        alpha = variant.temperatures[component].alpha
+        tau = 1 + torch.sigmoid(alpha).view(-1, 1) * log_n  # (heads, T)
+        torch.testing.assert_close(after, before * tau[None, :, :, None], atol=1e-15, rtol=1e-14)
