@@ -117,7 +117,7 @@ def expected_overhead(attention: dict, c: dict) -> int:
     if o.name.startswith("gated_"):
         gates = 1 if o.share_across_heads else (kv if o.position in ("key", "value") else h)
         width = dh if o.granularity == "elementwise" else 1
-        return n_layer * (d + 1) * gates * width
+        return n_layer * (d + o.gate_bias) * gates * width
     if o.name.startswith("fox"):
         shifts = (o.key_shift + o.value_shift) * d * kv  # Linear(d, KV) without bias each
         norms = o.qk_norm * (h + kv) * dh + o.output_norm * h * dh  # a weight per head and feature
@@ -158,6 +158,7 @@ OVERHEAD_CASES = [{"name": n} for n in available_attention()] + [
     {"name": "qk_norm", "scope": "projection"},
     {"name": "fox", "key_shift": True, "output_norm": True},
     {"name": "diff", "subln_affine": False},
+    {"name": "gated_sdpa", "gate_bias": False, "granularity": "headwise"},
 ]
 
 
