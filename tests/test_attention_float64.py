@@ -9,6 +9,7 @@ The per-variant checks against each reference's own math in float64 live with th
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -114,3 +115,21 @@ def test_ssa_position_term_is_the_formula_in_float64(kv: int, start_pos: int) ->
         alpha = variant.temperatures[component].alpha
         tau = 1 + torch.sigmoid(alpha).view(-1, 1) * log_n  # (heads, T)
         torch.testing.assert_close(after, before * tau[None, :, :, None], atol=1e-15, rtol=1e-14)
+
+
+@pytest.fixture
+def float64_default() -> Iterator[None]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
+
+
+@pytest.mark.parametrize("name", available_attention())
+def test_a_model_built_under_a_float64_default_runs_in_float64(float64_default: None, name: str) -> None:
+    """Tensors a variant builds without a dtype (eye, ones, masks) follow the default: nothing mixes fp32 in."""
+    model = build({"name": name}, config(name, 3 if name != "diff" else 2), seed=7)
+    logits = model(tokens(T, batch=BATCH, seed=5))
+    logits.square().mean().backward()
+    assert logits.dtype == torch.float64
+    assert all(p.grad.dtype == torch.float64 for p in model.parameters() if p.grad is not None)

@@ -233,10 +233,11 @@ class AttentionVariant(nn.Module):
 
     def scaled_scores(self, q: Tensor, k: Tensor, hook: IntermediateHook) -> Tensor:
         """``q k^T / sqrt(d_h)`` (B, H, t_q, t_k) in ``compute_dtype``, each query head against its KV group's keys,
-        through ``hook("scores")``: the first step of every plain-math reference path."""
+        through ``hook("scores")``: the first step of every plain-math reference path. (Under autocast the product
+        itself runs in the autocast dtype; what follows it stays in ``compute_dtype``.)"""
         dtype = compute_dtype(q)
         keys = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-        return hook("scores", (q.to(dtype) @ keys.to(dtype).transpose(-2, -1)) * self.scale)
+        return hook("scores", (q.to(dtype) @ keys.to(dtype).transpose(-2, -1)).to(dtype) * self.scale)
 
 
 @dataclass(frozen=True)
