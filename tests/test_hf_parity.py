@@ -129,7 +129,7 @@ def exact_at_finetune_init(name: str) -> bool:
     """Whether the spec makes the variant's fine-tune init the pretrained layer exactly.
 
     Not so: clipped softmax with gamma < 0, value selection's hard rule, and the SSA position / YaRN terms
-    (alpha_ft = -7.3884 still adds 6.18e-4 * log n to the temperature), the sink (s_h = sink_init = 0 takes mass; at
+    (alpha_ft = -7.4 still adds 6.11e-4 * log n to the temperature), the sink (s_h = sink_init = 0 takes mass; at
     -inf it is vanilla but learns nothing). Those are compared at their neutral setting instead; the variants in
     ``NO_NEUTRAL_SETTING`` are skipped.
     """
