@@ -194,3 +194,23 @@ def test_a_cached_evaluation_from_before_a_headline_existed_is_evaluated_again()
     assert predates_headlines({"analysis": {"summary": before, "sinks": {}}})
     assert not predates_headlines({"analysis": {"summary": before}})  # the sinks metric did not run: nothing missing
     assert not predates_headlines({"summary": {"heldout_word_ppl": 30.0}})  # a suite without analysis
+
+
+def test_options_added_since_keep_the_committed_cells_names() -> None:
+    """Options added after the cpu table ran (fox's Pro block, stick-breaking's attend_current, the gates' reference
+    options) name no new cell at the value that runs the old rule, so its records stay a cache of those cells; diff's
+    default changed rule (the affine norm) names new cells, and subln_affine=false finds the recorded ones."""
+    from attnlab.tables.cells import cell_name
+
+    engine = Engine(variants_table(), "cpu", root=ROOT, runs_dir=ROOT / "outputs" / "runs")
+    runs = pd.read_csv(ROOT / "experiments/results/variants/cpu/runs.csv")
+    recorded = {row.attention: Path(row.run).name for row in runs.itertuples() if row.seed == 1}
+
+    def name(attention: str, *extra: str) -> str:
+        overrides = [*engine.stage_overrides("pretrain", "tiny"), "model=tiny", f"attention={attention}"]
+        return cell_name(engine.compose([*overrides, *engine.variant_overrides(attention), *extra, "seed=1"]))
+
+    for attention in ("vanilla", "fox", "gated", "gated_sdpa", "stickbreaking", "ssa"):
+        assert name(attention) == recorded[attention], attention
+    assert name("diff") != recorded["diff"]
+    assert name("diff", "attention.subln_affine=false") == recorded["diff"]
