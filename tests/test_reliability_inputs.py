@@ -251,7 +251,7 @@ def fake_checkpoint(path: Path, model: dict | None = None, step: object = 3, spe
         ({"model": {"n_layer": 10**6}}, "its record says model.n_layer=1000000 but its weights have 1"),
         ({"model": {"n_embd": 2**20}}, "its record says model.n_embd=1048576 but its weights have 4"),
         ({"model": {"vocab_size": 11}}, "its record says model.vocab_size=11 but its weights have 10"),
-        ({"model": {"n_head": "two"}}, "its record's model.n_head is 'two', not a positive integer"),
+        ({"model": {"n_head": "two"}}, "its record's model.n_head: must be int, got 'two'"),
         ({"step": "abc"}, "its global_step 'abc' is not a step count"),
         ({"spec": {"attention": {}}}, "its record has no model or attention section"),
         ({"spec": "junk"}, "its attnlab record is malformed"),
