@@ -49,7 +49,8 @@ SCHEDULES = ("cosine", "constant")
 # Variants made for the SSA paper's synthetic tables (`make reproduce-table1/2`), not for
 # language data: a temperature looked up per graph node, and an oracle that reads one-hot signal tokens.
 SYNTHETIC_ONLY_ATTENTION = ("temp_lookup", "value_select")
-SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=,+-]*")
+SAFE_NAME = re.compile(r"[^\W_][\w.=,+-]*")  # letters (any script), digits, then also . _ = , + -
+NAME_BYTES = 200  # a directory name is at most 255 bytes; a sweep's job directories add to it
 # Inside a run directory: the latest state (always written) and the final metrics (written once, when fit ends).
 LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
 RESULTS_FILE = "results.json"
@@ -277,6 +278,8 @@ def check_common(cfg: DictConfig) -> None:
         "experiment_name",
         f"a plain directory name (letters, digits, . _ = , + -; no '/' or '..'), got {name!r}",
     )
+    size = len(name.encode())
+    require(size <= NAME_BYTES, "experiment_name", f"at most {NAME_BYTES} bytes (a directory name), got {size}")
     ckpt_path = cfg.get("ckpt_path")
     if ckpt_path:
         require(Path(ckpt_path).is_file(), "ckpt_path", f"no checkpoint file at {ckpt_path}")
