@@ -67,6 +67,7 @@ def run_hydra(config_path: str, config_name: str, task: Callable[[Any], Any]) ->
     import os
 
     import hydra
+    import yaml
     from hydra.errors import ConfigCompositionException, OverrideParseException
 
     previous = os.environ.get("HYDRA_FULL_ERROR")
@@ -75,6 +76,11 @@ def run_hydra(config_path: str, config_name: str, task: Callable[[Any], Any]) ->
         hydra.main(version_base="1.3", config_path=config_path, config_name=config_name)(task)()
     except (ConfigCompositionException, OverrideParseException) as exc:
         raise SystemExit(f"error: {command_line_error(exc)}") from None
+    except yaml.YAMLError as exc:  # a config file of bad syntax (or a tag Hydra's loader refuses)
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{mark.name}, line {mark.line + 1}" if mark is not None else "a config file"
+        problem = getattr(exc, "problem", None) or first_line(exc)
+        raise SystemExit(f"error: {where}: not valid YAML ({problem})") from None
     finally:
         if previous is None:
             os.environ.pop("HYDRA_FULL_ERROR", None)

@@ -162,6 +162,11 @@ def check_writable(directory: Path, key: str) -> None:
 CLAIMED: dict[str, int] = {}
 
 
+class RunDirectoryInUse(ConfigError):
+    """Another process trains in the directory now: this process refuses it, and nothing there is its to remove
+    (a sweep reports the job as held elsewhere, not as failed)."""
+
+
 def claim_run_directory(directory: Path, key: str) -> None:
     """Hold an exclusive ``flock`` on the run directory while this process trains in it, so a second process (a
     second table sharing the cell, the same resume typed twice) is refused instead of writing into the same files.
@@ -177,7 +182,7 @@ def claim_run_directory(directory: Path, key: str) -> None:
         fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(descriptor)
-        raise ConfigError(
+        raise RunDirectoryInUse(
             key,
             f"{directory} is in use: another process is training in it now; wait for it to end (its last.ckpt resumes "
             "it), or choose another directory",
