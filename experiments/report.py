@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -24,7 +23,6 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
 # marks a directory this script wrote and lists the files it wrote there (JSON), so the next report replaces those
 # and nothing else: a file a user put beside them stays
 MARKER = ".attnlab-report"
-STAGING = "-staging-"  # .<out>-staging-<pid>-<random>/: a report being written (removed once its process is gone)
 # a reading in the README: <!-- reading: table3 table4 --> ... <!-- /reading -->, shown on those tables' pages
 READING = re.compile(r"<!-- reading: ([\w ]+) -->\n(.*?)<!-- /reading -->", re.S)
 VERDICTS = ("reproduces", "opposite", "inconclusive", "present", "absent", "not measured", "no paper value")
@@ -355,20 +353,6 @@ def written_before(out: Path) -> set[str]:
         return {path.relative_to(out).as_posix() for path in out.rglob("*") if not path.is_dir()}
 
 
-def remove_abandoned_staging(out: Path) -> None:
-    """Sites whose writing was killed (``.<out>-staging-<pid>-*``): removed once that process is gone."""
-    for staging in out.parent.glob(f".{out.name}{STAGING}*"):
-        pid = staging.name.removeprefix(f".{out.name}{STAGING}").partition("-")[0]
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shutil.rmtree(staging, ignore_errors=True)
-        except PermissionError:  # another user's live process
-            continue
-
-
 def swap_in(staging: Path, out: Path, before: set[str]) -> None:
     """The new site's files replace the earlier report's, one ``os.replace`` each; files the earlier report wrote
     and this one does not are removed, and nothing else in ``out`` is touched. The manifest lists the union while
@@ -413,14 +397,14 @@ def build(results: Path, out: Path, root: Path = ROOT, readme: Path | None = Non
     index. Every text from a file (names, Markdown, configs) is escaped in the pages (``autoescape`` and
     ``markdown_html``)."""
     from attnlab.errors import ConfigError
+    from attnlab.files import staging_directory
 
     before = written_before(out)
     if not results.is_dir():
         raise ConfigError("--results", f"a directory of table results ({results} is not one)")
     texts = readings((readme or root / "README.md").read_text())
     out.parent.mkdir(parents=True, exist_ok=True)
-    remove_abandoned_staging(out)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}{STAGING}{os.getpid()}-", dir=out.parent))
+    staging = staging_directory(out.parent, out.name)  # (a killed report's is removed here)
     try:
         pages = discover(results)
         site_paths: dict[str, str] = {}

@@ -131,3 +131,27 @@ def test_a_garbled_line_of_jobs_jsonl_counts_as_unrecorded(tmp_path: Path) -> No
     record = {"num": 1, "status": "completed", "overrides": ["seed=2"], "output_dir": "x"}
     (tmp_path / "jobs.jsonl").write_text(f'{{"num": 0, "sta\n{json.dumps(record)}\n{{"num": "a"}}\n\xff\n')
     assert read_jobs(tmp_path) == [record]
+
+
+def test_an_interrupted_forced_table_is_resumed_by_the_same_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FORCE=1 names its fresh cells with a salt; the salt is kept until the table is written, so running the same
+    command after an interruption resumes those cells instead of orphaning them under a new salt."""
+    from attnlab.tables import reproduce
+    from attnlab.tables.engine import Engine, TableInterrupted
+
+    salts: list[str] = []
+
+    def interrupted(engine: Engine, cells: list) -> None:
+        salts.append(engine.salt)
+        assert all(f"+cell_salt={engine.salt}" in cell.overrides for cell in cells)
+        raise TableInterrupted(2)
+
+    monkeypatch.setattr(Engine, "train", interrupted)
+    dirs = {"runs_dir": tmp_path / "runs", "results_dir": tmp_path / "results", "root": ROOT}
+    for _ in range(2):
+        with pytest.raises(TableInterrupted):
+            reproduce("table3", "smoke", force=True, **dirs)
+    assert len(salts) == 2 and salts[0] == salts[1]
+    assert (tmp_path / "runs" / ".force-table3-smoke").read_text().strip() == salts[0]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from experiments import report
 
+from attnlab.files import STAGING
 from tests.conftest import ROOT
 
 INJECTED = '<img src=x onerror="document.body.dataset.pwned=1">'
@@ -87,7 +88,7 @@ def test_a_users_file_where_the_report_writes_is_refused_in_one_line(tmp_path: P
         "and the report would replace it; move it, or choose another --out"
     ]
     assert (out / "data" / "crafted" / "default" / "extra.csv").read_text() == "my own extra.csv"
-    assert not list(tmp_path.glob(".site-staging-*"))
+    assert not list(tmp_path.glob(f".site{STAGING}*"))
 
 
 def test_out_naming_an_existing_file_is_one_line(tmp_path: Path) -> None:
@@ -102,10 +103,10 @@ def test_out_naming_an_existing_file_is_one_line(tmp_path: Path) -> None:
 
 def test_a_killed_reports_staging_directory_is_removed_by_the_next(tmp_path: Path) -> None:
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    abandoned = tmp_path / f".site{report.STAGING}{dead.stdout.strip()}-abc123"
+    abandoned = tmp_path / f".site{STAGING}{dead.stdout.strip()}-abc123"
     abandoned.mkdir()
     (abandoned / "index.html").write_text("half written")
-    alive = tmp_path / f".site{report.STAGING}{os.getppid()}-def456"  # a live process's: left alone
+    alive = tmp_path / f".site{STAGING}{os.getppid()}-def456"  # a live process's: left alone
     alive.mkdir()
     report.build(crafted_results(tmp_path), tmp_path / "site", ROOT, ROOT / "README.md")
     assert not abandoned.exists() and alive.is_dir()
