@@ -163,6 +163,7 @@ def test_a_checkpoint_claiming_sizes_is_one_line_through_every_reader(
     tmp_path: Path, model: dict, empty: bool, problem: str
 ) -> None:
     import attnlab
+    from attnlab.export import main as export_main
     from attnlab.training.module import LanguageModel
 
     path = crafted_checkpoint(tmp_path / "last.ckpt", model["model"], empty)
@@ -170,6 +171,10 @@ def test_a_checkpoint_claiming_sizes_is_one_line_through_every_reader(
         with pytest.raises(ConfigError) as refused:
             load()
         assert problem in str(refused.value) and str(path) in str(refused.value)
+    with pytest.raises(SystemExit) as export:  # attnlab-export
+        export_main([str(path), str(tmp_path / "hf")])
+    assert problem in str(export.value.code) and "\n" not in str(export.value.code)
+    assert not (tmp_path / "hf").exists()
     generate = subprocess.run(
         [sys.executable, "-m", "attnlab.generate", str(path), "hello"], capture_output=True, text=True, cwd=ROOT
     )
