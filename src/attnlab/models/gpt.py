@@ -115,7 +115,7 @@ class GPT(nn.Module):
 
     def __init__(self, config: ModelConfig, attention: dict[str, Any] | None = None) -> None:
         super().__init__()
-        if torch.get_default_device().type != "meta":  # (on the meta device nothing is allocated: any size counts)
+        if torch.get_default_device().type == "cpu":  # (on the meta device nothing is allocated: any size counts)
             check_fits_in_memory(config, f"model {config.name}", "model")
         self.config = config
         self.attention_config = dict(attention or {"name": "vanilla"})
