@@ -118,5 +118,5 @@ clean:  ## remove tool caches (__pycache__, pytest, ruff, notebook checkpoints);
 clean-data:  ## remove the prepared corpora, tokenizers and packed blocks (.cache/attnlab; rebuilt on the next run)
 	rm -rf .cache
 
-clean-outputs:  ## remove every run, sweep, table cell and evaluation under outputs/ (experiments/results stays)
-	rm -rf outputs multirun
+clean-outputs:  ## remove every run, sweep, table cell and evaluation under outputs/ (experiments/results and your own folders there stay)
+	$(PYTHON) experiments/clean_outputs.py

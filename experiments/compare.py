@@ -24,18 +24,48 @@ import yaml
 from attnlab.training.sweeps import read_jobs
 
 METRICS = ("val_loss", "val_ppl", "unigram_ppl", "tokens_per_second", "parameters")
+ALWAYS_MEASURED = ("tokens_per_second", "parameters")
 # columns of each run's csv/metrics.csv (Lightning's CSV logger) and what they are
 CURVES = {"train/loss": "training batches", "val/loss": "validation"}
 OUTPUTS = ("table.md", "table.csv", "curves.png")
 
 
-def collect(sweep_dir: Path) -> pd.DataFrame:
-    """One row per finished run under ``sweep_dir``; ``setting`` holds the overrides that differ between runs."""
+def read_run(run_dir: Path) -> tuple[dict[str, Any], list[str]]:
+    """A finished run's ``results.json`` and ``.hydra/overrides.yaml``; a file that does not read as what train.py
+    writes (bad JSON or YAML, a YAML tag, a missing key, a value of the wrong type) raises ``ValueError`` saying
+    which and why. Results directories are shared, so these are data from a file like any other."""
+    try:
+        results = json.loads((run_dir / "results.json").read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"results.json does not read as JSON ({exc})") from None
+    if not isinstance(results, dict) or not all(isinstance(results.get(key), str) for key in ("attention", "model")):
+        raise ValueError("results.json has no attention and model names; it was not written by train.py")
+    for metric in METRICS:  # a metric may be null (a run that did not validate) except those every run has
+        value = results.get(metric)
+        if not (type(value) in (int, float) or (value is None and metric not in ALWAYS_MEASURED)):
+            raise ValueError(f"results.json's {metric} is {value!r}, not a number")
+    overrides_file = run_dir / ".hydra" / "overrides.yaml"
+    try:
+        overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file.exists() else []
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        problem = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f".hydra/overrides.yaml does not read as YAML ({problem})") from None
+    if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+        raise ValueError(".hydra/overrides.yaml is not a list of overrides")
+    return results, overrides
+
+
+def collect(sweep_dir: Path, unreadable: list[str] | None = None) -> pd.DataFrame:
+    """One row per finished run under ``sweep_dir``; ``setting`` holds the overrides that differ between runs. A run
+    whose files do not read goes to ``unreadable`` (listed under the table, never silently dropped)."""
     found = []
     for results_file in sorted(sweep_dir.rglob("results.json")):
-        overrides_file = results_file.parent / ".hydra" / "overrides.yaml"
-        overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file.exists() else []
-        found.append((results_file.parent, json.loads(results_file.read_text()), overrides))
+        try:
+            found.append((results_file.parent, *read_run(results_file.parent)))
+        except ValueError as exc:
+            if unreadable is None:
+                raise SystemExit(f"error: {results_file.parent}: {exc}") from None
+            unreadable.append(f"{results_file.parent.relative_to(sweep_dir)}: {exc}")
     shared = set.intersection(*(set(o) for _, _, o in found)) if found else set()
     rows = []
     for run_dir, results, overrides in found:
@@ -52,14 +82,19 @@ def collect(sweep_dir: Path) -> pd.DataFrame:
             }
         )
     if not rows:
-        raise SystemExit(f"error: no results.json under {sweep_dir}")
+        problems = f" ({len(unreadable)} unreadable: {unreadable[0]})" if unreadable else ""
+        raise SystemExit(f"error: no readable results.json under {sweep_dir}{problems}")
     return pd.DataFrame(rows)
 
 
 def missing_jobs(sweep_dir: Path) -> list[str]:
     """One line per job of the sweep that has no ``results.json``: failed (with its error) or never finished."""
     jobs = read_jobs(sweep_dir)
-    lines = [f"job {j['num']} ({' '.join(j['overrides'])}): {j['error']}" for j in jobs if j["status"] != "completed"]
+    lines = [
+        f"job {j['num']} ({' '.join(j['overrides'])}): {j.get('error', j['status'])}"
+        for j in jobs
+        if j["status"] != "completed"
+    ]
     recorded = {Path(j["output_dir"]).resolve() for j in jobs}
     for overrides_file in sorted(sweep_dir.rglob(".hydra/overrides.yaml")):
         job_dir = overrides_file.parent.parent
@@ -162,10 +197,13 @@ def main() -> None:
     parser.add_argument("sweep_dir", type=Path)
     parser.add_argument("--out", type=Path, default=None, help="directory for table.md and table.csv")
     args = parser.parse_args()
-    runs = collect(args.sweep_dir)
+    if not args.sweep_dir.is_dir():
+        raise SystemExit(f"error: sweep_dir: {args.sweep_dir} is not a directory")
+    unreadable: list[str] = []
+    runs = collect(args.sweep_dir, unreadable)
     table = summarise(runs)
     markdown = to_markdown(table)
-    missing = missing_jobs(args.sweep_dir)
+    missing = [*missing_jobs(args.sweep_dir), *unreadable]
     if missing:
         markdown += f"\nMissing from this table ({len(missing)} jobs):\n\n" + "".join(f"- {m}\n" for m in missing)
         print(f"warning: {len(missing)} jobs of the sweep are not in the table", file=sys.stderr)

@@ -7,10 +7,12 @@ figures, and links to its CSVs and to each cell's config. Pages come from Jinja2
 from __future__ import annotations
 
 import argparse
+import html
+import json
+import os
 import re
 import shutil
 import sys
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -18,7 +20,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = Path(__file__).resolve().parent / "templates"
-MARKER = ".attnlab-report"  # marks a directory this script wrote, so it may replace it and nothing else
+# marks a directory this script wrote and lists the files it wrote there (JSON), so the next report replaces those
+# and nothing else: a file a user put beside them stays
+MARKER = ".attnlab-report"
 # a reading in the README: <!-- reading: table3 table4 --> ... <!-- /reading -->, shown on those tables' pages
 READING = re.compile(r"<!-- reading: ([\w ]+) -->\n(.*?)<!-- /reading -->", re.S)
 JUDGED = ("reproduces", "opposite", "smaller than the paper's", "unresolved")  # the tables' four verdicts
@@ -103,11 +107,15 @@ def readings(readme: str) -> dict[str, str]:
 
 
 def markdown_html(text: str) -> str:
-    """CommonMark with GitHub's pipe tables; verdict and phenomenon cells get a class so the page can colour them."""
+    """CommonMark with GitHub's pipe tables; verdict and phenomenon cells get a class so the page can colour them.
+    Raw HTML in the text is escaped, never passed through: the Markdown comes from files in shared results
+    directories, and a ``<script>`` in one must not run in the reader's browser."""
     from markdown_it import MarkdownIt
 
-    html = MarkdownIt("commonmark").enable("table").render(text)
-    return VERDICT_CELL.sub(lambda m: f'<td class="verdict {CSS_CLASS.sub("-", m[3])}"{m[1] or ""}>{m[2]}</td>', html)
+    rendered = MarkdownIt("commonmark", {"html": False}).enable("table").render(text)
+    return VERDICT_CELL.sub(
+        lambda m: f'<td class="verdict {CSS_CLASS.sub("-", m[3])}"{m[1] or ""}>{m[2]}</td>', rendered
+    )
 
 
 def discover(results: Path) -> list[Page]:
@@ -157,9 +165,11 @@ def copy_files(page: Page, out: Path, results: Path, site_paths: dict[str, str])
             site_paths[f"experiments/results/{path.relative_to(results).as_posix()}"] = link.href
 
 
-def site_links(html: str, site_paths: dict[str, str]) -> str:
+def site_links(page_html: str, site_paths: dict[str, str]) -> str:
     """The README's links to committed results point into the site's copies."""
-    return RESULTS_LINK.sub(lambda m: f'{m[1]}="{site_paths.get(m[2], m[2])}"', html)
+    return RESULTS_LINK.sub(
+        lambda m: f'{m[1]}="{html.escape(site_paths[m[2]]) if m[2] in site_paths else m[2]}"', page_html
+    )
 
 
 def draw_engine_figures(page: Page, out: Path, root: Path) -> None:
@@ -331,19 +341,78 @@ def fill(page: Page, out: Path, root: Path, reading: str, site_paths: dict[str, 
     summarise(page)
 
 
-def build(results: Path, out: Path, root: Path = ROOT, readme: Path | None = None) -> Path:
-    """Write the site into ``out`` (replacing a report written there before, and nothing else); returns its index."""
+def written_before(out: Path) -> set[str]:
+    """The files an earlier report wrote into ``out`` (its manifest); a directory no report wrote is refused."""
     from attnlab.errors import ConfigError
 
-    if out.exists() and any(out.iterdir()) and not (out / MARKER).is_file():
+    if out.exists() and not out.is_dir():
+        raise ConfigError("--out", f"a directory for the site ({out} is a file)")
+    if not out.exists() or not any(out.iterdir()):
+        return set()
+    if not (out / MARKER).is_file():
         raise ConfigError("--out", f"an empty directory or an earlier report ({out} holds other files)")
-    if not results.is_dir():
-        raise ConfigError("--results", f"a directory of table results ({results} is not one)")
+    try:
+        listed = json.loads((out / MARKER).read_text())["files"]
+        inside = out.resolve()
+        return {str(name) for name in listed if (out / str(name)).resolve().is_relative_to(inside)}
+    except (ValueError, KeyError, TypeError):  # a report written before the manifest: everything in it was its own
+        return {path.relative_to(out).as_posix() for path in out.rglob("*") if not path.is_dir()}
+
+
+def swap_in(staging: Path, out: Path, before: set[str]) -> None:
+    """The new site's files replace the earlier report's, one ``os.replace`` each; files the earlier report wrote
+    and this one does not are removed, and nothing else in ``out`` is touched. The manifest lists the union while
+    the files move, so a report killed midway still knows every file it wrote."""
+    from attnlab.errors import ConfigError
+    from attnlab.files import write_atomic
+
+    files = sorted(path.relative_to(staging).as_posix() for path in staging.rglob("*") if not path.is_dir())
+    theirs = sorted(name for name in files if (out / name).exists() and name not in before)
+    if theirs:
+        raise ConfigError(
+            "--out",
+            f"{out / theirs[0]} is not the report's (an earlier report did not write it) and the report would replace "
+            "it; move it, or choose another --out",
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = "written by experiments/report.py; the next make report replaces these files and nothing else\n"
+    write_atomic(out / MARKER, json.dumps({"note": manifest, "files": sorted(before | set(files))}, indent=1))
+    for name in files:
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staging / name, out / name)
+    for name in sorted(before - set(files)):
+        (out / name).unlink(missing_ok=True)
+    for directory in sorted((d for d in out.rglob("*") if d.is_dir()), key=lambda d: -len(d.parts)):
+        if not any(directory.iterdir()):
+            directory.rmdir()
+    write_atomic(out / MARKER, json.dumps({"note": manifest, "files": files}, indent=1))
+
+
+def templates():
+    """The pages' Jinja2 environment: every value a template prints is HTML-escaped unless it is marked safe (only
+    ``markdown_html``'s output is, and it escapes raw HTML itself)."""
     from jinja2 import Environment, FileSystemLoader, select_autoescape
 
+    environment = Environment(
+        loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(enabled_extensions=("html.j2",))
+    )
+    environment.filters["css_class"] = lambda verdict: CSS_CLASS.sub("-", verdict)
+    return environment
+
+
+def build(results: Path, out: Path, root: Path = ROOT, readme: Path | None = None) -> Path:
+    """Write the site into ``out``, replacing the files a report wrote there before and nothing else; returns its
+    index. Every text from a file (names, Markdown, configs) is escaped in the pages (``autoescape`` and
+    ``markdown_html``)."""
+    from attnlab.errors import ConfigError
+    from attnlab.files import staging_directory
+
+    before = written_before(out)
+    if not results.is_dir():
+        raise ConfigError("--results", f"a directory of table results ({results} is not one)")
     texts = readings((readme or root / "README.md").read_text())
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))  # swapped in whole when it is written
+    staging = staging_directory(out.parent, out.name)  # (a killed report's is removed here)
     try:
         pages = discover(results)
         site_paths: dict[str, str] = {}
@@ -351,21 +420,16 @@ def build(results: Path, out: Path, root: Path = ROOT, readme: Path | None = Non
             copy_files(page, staging, results, site_paths)
         for page in pages:
             fill(page, staging, root, texts.get(page.name, ""), site_paths)
-        environment = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape())
-        environment.filters["css_class"] = lambda verdict: CSS_CLASS.sub("-", verdict)
+        environment = templates()
         made = time.strftime("%Y-%m-%d %H:%M")
         common = {"pages": pages, "made": made, "results": shown(results, root)}
         for page in pages:
-            html = environment.get_template("page.html.j2").render(page=page, **common)
-            (staging / page.filename).write_text(html)
+            html_page = environment.get_template("page.html.j2").render(page=page, **common)
+            (staging / page.filename).write_text(html_page)
         (staging / "index.html").write_text(environment.get_template("index.html.j2").render(**common))
-        (staging / MARKER).write_text("written by experiments/report.py; replaced whole by the next make report\n")
-    except BaseException:
+        swap_in(staging, out, before)
+    finally:
         shutil.rmtree(staging, ignore_errors=True)
-        raise
-    if out.exists():
-        shutil.rmtree(out)
-    staging.rename(out)
     return out / "index.html"
 
 

@@ -145,3 +145,24 @@ def test_a_non_empty_directory_is_kept_unless_forced(tokenizer, tmp_path, capsys
 def test_a_missing_checkpoint_is_one_line(tmp_path, capsys) -> None:
     message = refused(capsys, str(tmp_path / "nope.ckpt"), str(tmp_path / "hf"))
     assert message == f"error: checkpoint: no checkpoint file at {tmp_path / 'nope.ckpt'}"
+
+
+def test_a_killed_exports_staging_directory_is_removed_by_the_next_export(tokenizer, tmp_path: Path) -> None:
+    """An export writes into ``.<dir>.staging-<pid>-*`` first; one whose process was killed (SIGKILL leaves it) is
+    removed by the next export beside it, and one a live process writes is left alone."""
+    import os
+    import subprocess
+    import sys
+
+    from attnlab.files import STAGING
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    abandoned = tmp_path / f".hf{STAGING}{dead.stdout.strip()}-abc"
+    abandoned.mkdir()
+    (abandoned / "model.safetensors").write_bytes(b"\0" * 1000)
+    alive = tmp_path / f".hf{STAGING}{os.getppid()}-def"
+    alive.mkdir()
+    export(save_run_checkpoint(random_model(tokenizer), tokenizer, tmp_path / "run" / "last.ckpt"), tmp_path / "hf")
+    assert (tmp_path / "hf" / "config.json").is_file()
+    assert not abandoned.exists() and alive.is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".hf")) == [alive.name]

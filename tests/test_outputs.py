@@ -57,9 +57,11 @@ def test_a_run_started_elsewhere_writes_into_its_project_and_shows_its_config(tm
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 def test_make_clean_keeps_runs_and_results_and_clean_outputs_removes_runs(tmp_path: Path) -> None:
     shutil.copy(ROOT / "Makefile", tmp_path)
+    (tmp_path / "experiments").mkdir()
+    shutil.copy(ROOT / "experiments" / "clean_outputs.py", tmp_path / "experiments")
     made = [
-        "outputs/default/run/results.json",
-        "outputs/runs/tiny-vanilla-s1-0123456789/results.json",
+        "outputs/default/run/.hydra/config.yaml",
+        "outputs/runs/tiny-vanilla-s1-0123456789/.hydra/config.yaml",
         "experiments/results/table1/table1.md",
         ".cache/attnlab/corpus/wiki_sample.jsonl",
         ".pytest_cache/v/cache/lastfailed",
@@ -72,7 +74,11 @@ def test_make_clean_keeps_runs_and_results_and_clean_outputs_removes_runs(tmp_pa
         (tmp_path / name).write_text("x")
 
     def left() -> list[str]:
-        return sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file() and p.name != "Makefile")
+        return sorted(
+            str(p.relative_to(tmp_path))
+            for p in tmp_path.rglob("*")
+            if p.is_file() and p.name not in ("Makefile", "clean_outputs.py")
+        )
 
     def make(target: str) -> None:
         subprocess.run(["make", target], cwd=tmp_path, check=True, capture_output=True, timeout=60)
@@ -81,8 +87,10 @@ def test_make_clean_keeps_runs_and_results_and_clean_outputs_removes_runs(tmp_pa
     assert left() == sorted(made[:4])
     make("clean-data")
     assert left() == sorted(made[:3])
+    (tmp_path / "outputs" / "mine").mkdir()
+    (tmp_path / "outputs" / "mine" / "notes.txt").write_text("mine")
     make("clean-outputs")
-    assert left() == ["experiments/results/table1/table1.md"]
+    assert left() == ["experiments/results/table1/table1.md", "outputs/mine/notes.txt"]
 
 
 def _append_rows(path: Path, worker: int) -> None:

@@ -79,6 +79,21 @@ BAD_VALUES = [  # (overrides, the key the one line must name)
     (["callbacks.outlier_monitor.sinks=maybe"], "callbacks.outlier_monitor.sinks"),
     (["model.n_head=5"], "model.n_embd"),
     (["attention=clipped_softmax", "attention.zeta=0.5"], "attention.zeta"),
+    (["data.num_workers=abc"], "data.num_workers"),
+    (["data.tokenizer_vocab_size=abc"], "data.tokenizer_vocab_size"),
+    (["train_tokens=abc"], "train_tokens"),
+    (["train_tokens=-5"], "train_tokens"),
+    (["attention=ssa", "attention.hidden_ratio=inf"], "attention.hidden_ratio"),
+    (["attention=clipped_softmax", "attention.zeta=inf"], "attention.zeta"),
+    (["attention=gated_sdpa", "attention.init_std=inf"], "attention.init_std"),
+    (["attention=ssa", "attention.alpha_init=nan"], "attention.alpha_init"),
+    (["attention=ssmax", "attention.s_init=inf"], "attention.s_init"),
+    (["optim.lr=inf"], "optim.lr"),
+    (["model.rope_base=inf"], "model.rope_base"),
+    (["trainer.gradient_clip_val=inf"], "trainer.gradient_clip_val"),
+    (["model.vocab_size=1000000000000"], "model.vocab_size"),
+    (["data.block_size=512"], "data.block_size"),
+    (["experiment_name=" + "a" * 300], "experiment_name"),
 ]
 
 
@@ -251,7 +266,7 @@ def fake_checkpoint(path: Path, model: dict | None = None, step: object = 3, spe
         ({"model": {"n_layer": 10**6}}, "its record says model.n_layer=1000000 but its weights have 1"),
         ({"model": {"n_embd": 2**20}}, "its record says model.n_embd=1048576 but its weights have 4"),
         ({"model": {"vocab_size": 11}}, "its record says model.vocab_size=11 but its weights have 10"),
-        ({"model": {"n_head": "two"}}, "its record's model.n_head is 'two', not a positive integer"),
+        ({"model": {"n_head": "two"}}, "its record's model.n_head: must be int, got 'two'"),
         ({"step": "abc"}, "its global_step 'abc' is not a step count"),
         ({"spec": {"attention": {}}}, "its record has no model or attention section"),
         ({"spec": "junk"}, "its attnlab record is malformed"),
@@ -346,3 +361,44 @@ def test_metrics_csv_gets_a_new_column_by_replacing_it_whole(tmp_path: Path, mon
     logger.save()
     rows = list(csv.DictReader(path.open()))
     assert [r["train/loss"] for r in rows] == ["5.0", "4.0", "3.0", ""] and rows[-1]["val/loss"] == "4.0"
+
+
+def float_options() -> list[tuple[str, str]]:
+    """(variant, option) for every float option of every variant, found from the Options dataclasses."""
+    import dataclasses
+    import typing
+
+    from attnlab.attention import available_attention
+    from attnlab.attention.base import resolve_options
+
+    found = []
+    for name in available_attention():
+        _, options = resolve_options({"name": name})
+        hints = typing.get_type_hints(type(options))
+        for field in dataclasses.fields(options):
+            if hints[field.name] is float or float in typing.get_args(hints[field.name]):
+                found.append((name, field.name))
+    return found
+
+
+def test_every_float_option_of_every_variant_is_refused_non_finite(make_config) -> None:
+    """NaN and infinity are refused for each float option by the same type check, with the key named, at
+    composition (not as a training NaN that names the trainer)."""
+    import dataclasses
+
+    from omegaconf import OmegaConf, open_dict
+
+    from attnlab.attention.base import resolve_options
+    from attnlab.config_checks import check_model_and_attention
+
+    cfg = make_config(S)
+    options = float_options()
+    assert {("clipped_softmax", "zeta"), ("ssa", "alpha_init"), ("ssmax", "s_init")} <= set(options)
+    for name, option in options:
+        preset = dataclasses.asdict(resolve_options({"name": name})[1])
+        for bad in (float("inf"), float("nan"), float("-inf")):
+            with open_dict(cfg):
+                cfg.attention = OmegaConf.create({**preset, option: bad})
+            with pytest.raises(ConfigError) as refused:
+                check_model_and_attention(cfg)
+            assert refused.value.key == f"attention.{option}" and "must be a finite number" in str(refused.value)

@@ -12,6 +12,7 @@ import pytest
 from experiments import report
 
 from tests.conftest import ROOT
+from tests.test_report_safety import crafted_results
 
 BROWSER = next(
     (shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome") if shutil.which(name)), None
@@ -28,8 +29,13 @@ def browse(*args: str) -> str:
 @pytest.mark.timeout(1800)
 @pytest.mark.skipif(BROWSER is None, reason="no Chromium: `apt-get install chromium` (Debian's package) to run it")
 def test_the_report_renders_in_a_browser_with_every_table_and_figure(tmp_path: Path) -> None:
-    index = report.build(ROOT / "experiments" / "results", tmp_path / "site")
-    pages = report.discover(ROOT / "experiments" / "results")
+    """The committed results and a crafted one (HTML in its name and Markdown, which must not run)."""
+    results = tmp_path / "results"
+    shutil.copytree(ROOT / "experiments" / "results", results)
+    crafted_results(tmp_path / "crafted")
+    shutil.copytree(tmp_path / "crafted" / "results", results, dirs_exist_ok=True)
+    index = report.build(results, tmp_path / "site")
+    pages = report.discover(results)
     dom = browse("--dump-dom", index.as_uri())
     assert all(f'href="{page.filename}"' in dom for page in pages)
     assert {"table3", "table4", "outliers", "gating", "pruning"} <= {page.name for page in pages}
@@ -37,6 +43,9 @@ def test_the_report_renders_in_a_browser_with_every_table_and_figure(tmp_path: P
     for page in pages:
         path = tmp_path / "site" / page.filename
         dom = browse("--dump-dom", path.as_uri())
+        assert "data-pwned" not in dom, f"{page.filename}: HTML from a results file ran"
+        if page.name.startswith("<img") or page.name == "crafted":
+            continue  # a crafted page: its escaped <img> is text, and it has no figures
         assert 'data-broken-images="0"' in dom, f"{page.filename}: a figure did not load"
         assert "<h1>" in dom and ("<table" in dom or page.name in ("emergence", "bench"))
         assert len(re.findall(r"<img ", dom)) >= len(page.figures)

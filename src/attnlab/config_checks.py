@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 import os
 import typing
 from collections.abc import Callable, Mapping
@@ -31,12 +32,26 @@ ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
 
 
 def typed(value: Any, kind: type, key: str, allowed: str) -> Any:
-    """``value`` as ``kind`` (an int may stand for a float, a bool for nothing else), or a ConfigError."""
+    """``value`` as ``kind`` (an int may stand for a float, a bool for nothing else; a float is finite), or a
+    ConfigError."""
     ok = isinstance(value, kind) and not isinstance(value, bool)
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     require(ok, key, f"{allowed}, got {value!r}")
+    if kind is float:
+        require(math.isfinite(value), key, f"must be a finite number, got {value!r}")
     return value
+
+
+def non_finite(value: Any) -> bool:
+    """Whether ``value`` is, or holds (lists, mappings), a NaN or an infinity."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, Mapping):
+        return any(non_finite(item) for item in value.values())
+    if isinstance(value, list | tuple):
+        return any(non_finite(item) for item in value)
+    return False
 
 
 def positive_int(value: Any, key: str, allowed: str = "must be a positive integer") -> int:
@@ -44,6 +59,20 @@ def positive_int(value: Any, key: str, allowed: str = "must be a positive intege
     number = typed(value, int, key, allowed)
     require(number >= 1, key, f"{allowed}, got {number}")
     return number
+
+
+@dataclasses.dataclass
+class RunKeys:
+    """train.yaml's own top-level keys, typed, so they are checked like every section (``check_fields``)."""
+
+    seed: int
+    experiment_name: str
+    ckpt_path: str | None
+    train_tokens: float | None
+    global_batch_tokens: int | None
+    compile: bool
+    fused_loss: bool
+    print_config: bool
 
 
 def check_seed(cfg: DictConfig) -> None:
@@ -61,7 +90,8 @@ def describe(annotation: Any) -> str:
 
 
 def check_value(value: Any, annotation: Any, key: str) -> None:
-    """``value`` against ``annotation`` (pydantic's lax mode); an annotation pydantic cannot check is skipped."""
+    """``value`` against ``annotation`` (pydantic's lax mode; every number finite: no option of a model, a variant,
+    the data or a callback means anything at NaN or infinity); an annotation pydantic cannot check is skipped."""
     from pydantic import PydanticSchemaGenerationError, TypeAdapter, ValidationError
 
     try:
@@ -69,9 +99,10 @@ def check_value(value: Any, annotation: Any, key: str) -> None:
     except (PydanticSchemaGenerationError, TypeError, NameError):
         return
     try:
-        adapter.validate_python(value)
+        validated = adapter.validate_python(value)
     except ValidationError:
         raise ConfigError(key, f"must be {describe(annotation)}, got {value!r}") from None
+    require(not non_finite(validated), key, f"must be a finite number, got {value!r}")
 
 
 def plain_items(node: Any) -> Any:
@@ -99,7 +130,7 @@ def check_fields(values: Mapping[str, Any], cls: type, prefix: str) -> None:
     hints = typing.get_type_hints(cls)
     for field in dataclasses.fields(cls):
         if field.name in values and field.name in hints:
-            check_value(values[field.name], hints[field.name], f"{prefix}.{field.name}")
+            check_value(values[field.name], hints[field.name], f"{prefix}.{field.name}" if prefix else field.name)
 
 
 def target_of(node: Mapping[str, Any]) -> Callable[..., Any] | None:
@@ -235,7 +266,7 @@ def check_trainer(cfg: DictConfig, machine: bool = True) -> None:
             require(count <= cores, "trainer.devices", f"{count} CPU processes on a machine with {cores} cores")
     clip = trainer.get("gradient_clip_val")
     require(
-        clip is None or (isinstance(clip, int | float) and clip >= 0),
+        clip is None or (isinstance(clip, int | float) and not isinstance(clip, bool) and 0 <= clip < math.inf),
         "trainer.gradient_clip_val",
         f"must be a norm >= 0 or null (no clipping), got {clip!r}",
     )
@@ -248,6 +279,7 @@ def check_trainer(cfg: DictConfig, machine: bool = True) -> None:
 
 
 def check_across_keys(cfg: DictConfig) -> None:
+    """Ranges and rules across keys, on values whose types ``check_targets`` and ``check_fields`` have checked."""
     data = plain_items(cfg.get("data"))
     block_size = data.get("block_size")  # (data.batch_size: validate_train_config's own check)
     allowed = f"must be an integer >= 1, got {block_size!r}"
@@ -259,16 +291,39 @@ def check_across_keys(cfg: DictConfig) -> None:
         "data.tokenizer_vocab_size",
         f"must be >= 257 (the 256 byte tokens and <|endoftext|>), got {vocab}",
     )
+    for key in ("train_tokens", "global_batch_tokens"):
+        value = cfg.get(key)
+        require(value is None or value > 0, key, f"must be a positive number of tokens or null, got {value!r}")
+    model = plain_items(cfg.get("model"))
+    if model.get("init_from"):
+        return  # the architecture (its block_size, vocabulary) is the start's, checked when it is read
+    context = model.get("block_size")
+    require(
+        block_size <= context,
+        "data.block_size",
+        f"{block_size} exceeds the model's context model.block_size={context}; set model.block_size too",
+    )
+    from attnlab.models.config import ModelConfig
+
+    default_vocab = ModelConfig.__dataclass_fields__["vocab_size"].default
+    vocab_size = model.get("vocab_size")
+    require(
+        bool(model.get("tokenizer")) or vocab_size in (default_vocab, vocab),
+        "model.vocab_size",
+        f"{vocab_size} is not used: with model.tokenizer=null the vocabulary is the BPE's, whose size "
+        f"data.tokenizer_vocab_size sets ({vocab}); drop model.vocab_size, or set data.tokenizer_vocab_size",
+    )
 
 
 def check_run_config(cfg: DictConfig, machine: bool = True) -> None:
     """All of the above, in the order a user would fix them. ``machine=False`` leaves out whether the devices and
     files the config names are on this machine now: the table engine checks cells that a launcher may run
     elsewhere, and that start from checkpoints an earlier stage has yet to write."""
+    check_fields(plain_items(cfg), RunKeys, "")
     check_trainer(cfg, machine)
     check_model_and_attention(cfg, machine)
-    check_across_keys(cfg)
     check_targets(cfg)
+    check_across_keys(cfg)
 
 
 DTYPES = ("float32", "bfloat16", "float16")

@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from attnlab.errors import ConfigError, require
+from attnlab.files import staging_directory
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -161,10 +161,13 @@ def export(checkpoint: str | Path, directory: str | Path, force: bool = False) -
     tokenizer = hf_tokenizer(run.tokenizer)
     hf = to_hf_model(model, tokenizer.bos_token_id, tokenizer.eos_token_id)
     target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.") as staging:
+    staging = staging_directory(target.parent, target.name)  # (a killed export's is removed here)
+    try:
         hf.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        _move_into(Path(staging), target)
+        _move_into(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return target
 
 
@@ -174,7 +177,6 @@ def _move_into(staging: Path, target: Path) -> None:
         if target.exists():
             target.rmdir()
         staging.rename(target)
-        staging.mkdir()  # TemporaryDirectory removes its own directory on exit
         return
     for item in staging.iterdir():
         destination = target / item.name

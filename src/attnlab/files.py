@@ -47,3 +47,30 @@ def fsync_directory(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+STAGING = ".staging-"  # .<name>.staging-<pid>-<random>/: a directory being written beside <name>
+
+
+def staging_directory(parent: Path, name: str) -> Path:
+    """A new directory beside ``parent / name`` to write it in before it is moved into place, named with this
+    process's id so that ``remove_abandoned_staging`` knows when its writer is gone (killed mid-write)."""
+    remove_abandoned_staging(parent, name)
+    return Path(tempfile.mkdtemp(dir=parent, prefix=f".{name}{STAGING}{os.getpid()}-"))
+
+
+def remove_abandoned_staging(parent: Path, name: str) -> None:
+    """The staging directories of ``name`` whose writing process is gone (a SIGKILL leaves them): removed, so no
+    later run inherits them; one a live process writes is left alone."""
+    import shutil
+
+    for staging in parent.glob(f".{name}{STAGING}*"):
+        pid = staging.name.removeprefix(f".{name}{STAGING}").partition("-")[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(staging, ignore_errors=True)
+        except PermissionError:  # another user's live process
+            continue

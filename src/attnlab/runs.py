@@ -34,7 +34,6 @@ from attnlab.config_checks import check_evaluate_config, check_run_config, check
 from attnlab.digest import start_identity
 from attnlab.errors import ConfigError, require, require_choice
 from attnlab.files import write_atomic
-from attnlab.models.config import embedding_rows
 
 if TYPE_CHECKING:
     from attnlab.models import GPT
@@ -50,7 +49,8 @@ SCHEDULES = ("cosine", "constant")
 # Variants made for the SSA paper's synthetic tables (`make reproduce-table1/2`), not for
 # language data: a temperature looked up per graph node, and an oracle that reads one-hot signal tokens.
 SYNTHETIC_ONLY_ATTENTION = ("temp_lookup", "value_select")
-SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=,+-]*")
+SAFE_NAME = re.compile(r"[^\W_][\w.=,+-]*")  # letters (any script), digits, then also . _ = , + -
+NAME_BYTES = 200  # a directory name is at most 255 bytes; a sweep's job directories add to it
 # Inside a run directory: the latest state (always written) and the final metrics (written once, when fit ends).
 LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
 RESULTS_FILE = "results.json"
@@ -98,6 +98,17 @@ def locked(path: Path, mode: str = "a+") -> Iterator[IO[str]]:
 # run directory -> the names it held before Hydra wrote into it (recorded by ValidateBeforeWriting); a directory
 # that is not here did not exist before this run
 EXISTING_BEFORE: dict[str, set[str]] = {}
+# run directory -> its nearest ancestor that existed before this run (the parents made for it are removed with it)
+EXISTING_ANCESTOR: dict[str, Path] = {}
+
+
+def record_existing(directory: Path) -> None:
+    """What was there before Hydra makes ``directory`` (its entries, the ancestor it will be made under), so that a
+    refused run removes what it made and nothing else."""
+    resolved = directory.resolve()
+    if directory.is_dir():
+        EXISTING_BEFORE[str(resolved)] = {entry.name for entry in directory.iterdir()}
+    EXISTING_ANCESTOR[str(resolved)] = next(parent for parent in (resolved, *resolved.parents) if parent.exists())
 
 
 def remove_stub(directory: Path) -> None:
@@ -112,9 +123,26 @@ def remove_stub(directory: Path) -> None:
         return
     if before is None:
         shutil.rmtree(directory)
+        remove_empty_parents(directory)
         return
     for entry in created:
         shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+
+
+def remove_empty_parents(directory: Path) -> None:
+    """The parents made for a removed run directory (``outputs/``, ``outputs/eval/``), while they are empty and below
+    the nearest ancestor that existed before the run."""
+    resolved = directory.resolve()
+    existing = EXISTING_ANCESTOR.get(str(resolved))
+    if existing is None:
+        return
+    for parent in resolved.parents:
+        if parent == existing or not parent.is_relative_to(existing):
+            return
+        try:
+            parent.rmdir()
+        except OSError:  # not empty (another run's, a user's file) or gone: it stays
+            return
 
 
 def check_writable(directory: Path, key: str) -> None:
@@ -134,6 +162,11 @@ def check_writable(directory: Path, key: str) -> None:
 CLAIMED: dict[str, int] = {}
 
 
+class RunDirectoryInUse(ConfigError):
+    """Another process trains in the directory now: this process refuses it, and nothing there is its to remove
+    (a sweep reports the job as held elsewhere, not as failed)."""
+
+
 def claim_run_directory(directory: Path, key: str) -> None:
     """Hold an exclusive ``flock`` on the run directory while this process trains in it, so a second process (a
     second table sharing the cell, the same resume typed twice) is refused instead of writing into the same files.
@@ -149,7 +182,7 @@ def claim_run_directory(directory: Path, key: str) -> None:
         fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(descriptor)
-        raise ConfigError(
+        raise RunDirectoryInUse(
             key,
             f"{directory} is in use: another process is training in it now; wait for it to end (its last.ckpt resumes "
             "it), or choose another directory",
@@ -250,6 +283,8 @@ def check_common(cfg: DictConfig) -> None:
         "experiment_name",
         f"a plain directory name (letters, digits, . _ = , + -; no '/' or '..'), got {name!r}",
     )
+    size = len(name.encode())
+    require(size <= NAME_BYTES, "experiment_name", f"at most {NAME_BYTES} bytes (a directory name), got {size}")
     ckpt_path = cfg.get("ckpt_path")
     if ckpt_path:
         require(Path(ckpt_path).is_file(), "ckpt_path", f"no checkpoint file at {ckpt_path}")
@@ -318,8 +353,7 @@ class ValidateBeforeWriting(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         directory = Path(OmegaConf.select(config, "hydra.run.dir"))
-        if directory.is_dir():
-            EXISTING_BEFORE[str(directory.resolve())] = {entry.name for entry in directory.iterdir()}
+        record_existing(directory)
         try:
             primary = config.hydra.output_subdir is not None  # not a DDP rank > 0 in rank 0's directory
             if self.entry == "train":
@@ -388,7 +422,10 @@ class RunCheckpoint:
                 f"{self.path} predates checkpoints that carry their tokenizer and no tokenizer.json is in its run "
                 "directory; pass tokenizer=<path to tokenizer.json>",
             )
-        return Tokenizer.from_str(self.tokenizer_json)
+        try:
+            return Tokenizer.from_str(self.tokenizer_json)
+        except Exception as exc:  # tokenizers raises its own (Rust) error types for JSON that is not a tokenizer
+            raise ConfigError("tokenizer", f"{self.path}: its tokenizer does not load ({exc})") from None
 
     def build_model(self) -> GPT:
         """The exact model the run trained: its architecture, attention variant and weights."""
@@ -436,35 +473,21 @@ def load_checkpoint(path: str | Path, key: str = "ckpt_path") -> RunCheckpoint:
 
 def check_record_against_weights(path: Path, spec: dict[str, Any], weights: dict[str, Tensor], key: str) -> None:
     """The model a checkpoint's record describes must be the one its weights are: a record is data from a file, so
-    a size in it is checked against the tensors before anything is built (a record claiming a million layers would
-    otherwise allocate them)."""
+    its sizes are checked against the tensors (``check_against_weights``) before anything is built."""
+    from attnlab.models.config import ModelConfig
+    from attnlab.models.sizes import check_against_weights
+
     model, attention = spec.get("model"), spec.get("attention")
     require(
         isinstance(model, dict) and isinstance(attention, dict),
         key,
         f"{path}: its record has no model or attention section; it was not written by this train.py",
     )
-    for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
-        value = model.get(name)
-        require(
-            value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0),
-            key,
-            f"{path}: its record's model.{name} is {value!r}, not a positive integer",
-        )
-    blocks = {int(match[1]) for name in weights if (match := re.match(r"blocks\.(\d+)\.", name))}
-    embedding = weights.get("wte.weight")
-    found = {"n_layer": len(blocks)} if blocks else {}
-    if embedding is not None and embedding.dim() == 2:
-        found |= {"vocab_size": int(embedding.shape[0]), "n_embd": int(embedding.shape[1])}
-    for name, actual in found.items():
-        claimed = model.get(name)
-        if name == "vocab_size" and isinstance(claimed, int) and isinstance(model.get("padded_vocab_size"), int):
-            claimed = embedding_rows(claimed, model["padded_vocab_size"])  # the padded embedding's rows
-        require(
-            claimed is None or claimed == actual,
-            key,
-            f"{path}: its record says model.{name}={claimed} but its weights have {actual}; the file is inconsistent",
-        )
+    try:
+        config = ModelConfig.from_dict(model)
+    except ConfigError as exc:
+        raise ConfigError(key, f"{path}: its record's {exc}") from None
+    check_against_weights(config, weights, str(path), key, "record")
 
 
 def legacy_checkpoint(path: Path, raw: dict[str, Any], weights: dict[str, Tensor], step: int) -> RunCheckpoint:

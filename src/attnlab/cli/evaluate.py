@@ -6,11 +6,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import hydra
 from omegaconf import DictConfig
 
 import attnlab.resolvers  # noqa: F401  (registers ${run_id:} before Hydra composes the config)
-from attnlab.configs import config_source
+from attnlab.configs import config_source, run_hydra
 from attnlab.errors import interrupted
 
 
@@ -35,7 +34,7 @@ def task(cfg: DictConfig) -> None:
 def main(config_dir: str | None = None) -> None:
     """``config_dir``: evaluate.py's own ``conf/``; by default the checkout's, else the installed package's."""
     try:
-        hydra.main(version_base="1.3", config_path=config_dir or config_source("conf"), config_name="evaluate")(task)()
+        run_hydra(config_dir or config_source("conf"), "evaluate", task)
     except KeyboardInterrupt:  # inside the training loop a signal is the run's own stop; this is outside it
         sys.exit(interrupted())
 

@@ -8,11 +8,10 @@ import signal
 import sys
 from pathlib import Path
 
-import hydra
 from omegaconf import DictConfig, OmegaConf
 
 import attnlab.resolvers  # noqa: F401  (registers ${run_id:} and ${cell_dir:})
-from attnlab.configs import config_source
+from attnlab.configs import config_source, run_hydra
 from attnlab.errors import ConfigError
 from attnlab.tables import render, reproduce
 from attnlab.tables.engine import TableInterrupted
@@ -62,7 +61,7 @@ def stop_on_sigterm(_signal_number: int, _frame: object) -> None:
 def main(config_dir: str | None = None) -> None:
     """``config_dir``: the script's own ``experiments/conf``; by default the checkout's, else the installed one."""
     source = config_dir or config_source("experiments/conf")
-    hydra.main(version_base="1.3", config_path=source, config_name="reproduce_table")(task)()
+    run_hydra(source, "reproduce_table", task)
 
 
 if __name__ == "__main__":

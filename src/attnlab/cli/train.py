@@ -5,12 +5,11 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import hydra
 from omegaconf import DictConfig, OmegaConf
 
 import attnlab.resolvers  # noqa: F401  (registers ${run_id:} before Hydra composes the config)
 import hydra_plugins.attnlab_launcher  # noqa: F401  (hydra/launcher=joblib is ours on purpose: no schema warning)
-from attnlab.configs import config_source
+from attnlab.configs import config_source, run_hydra
 from attnlab.errors import interrupted
 
 
@@ -41,7 +40,7 @@ def task(cfg: DictConfig) -> float | None:
 def main(config_dir: str | None = None) -> None:
     """``config_dir``: train.py's own ``conf/``; by default the checkout's, else the installed package's."""
     try:
-        hydra.main(version_base="1.3", config_path=config_dir or config_source("conf"), config_name="train")(task)()
+        run_hydra(config_dir or config_source("conf"), "train", task)
     except KeyboardInterrupt:  # inside the training loop a signal is the run's own stop; this is outside it
         sys.exit(interrupted())
 

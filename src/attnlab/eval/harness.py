@@ -71,20 +71,11 @@ def task_metadata(lm: AttnlabLM, suite: dict[str, Any], out_dir: Path, cache_dir
     }
 
 
-def run_lm_eval(
-    lm: AttnlabLM,
-    suite: dict[str, Any],
-    out_dir: Path,
-    *,
-    limit: int | None,
-    seed: int,
-    cache_dir: str,
-) -> dict[str, Any]:
-    """``simple_evaluate`` over the suite's tasks; raises a ``ConfigError`` naming the hub when a dataset is missing."""
-    import lm_eval
+def task_manager(suite: dict[str, Any], metadata: dict[str, Any] | None = None) -> Any:
+    """lm-eval's ``TaskManager`` over its registry and attnlab's tasks; a task name in neither is a ConfigError
+    (``eval.after_train`` checks them before training, so a typo does not wait for the whole run)."""
     from lm_eval.tasks import TaskManager
 
-    metadata = task_metadata(lm, suite, out_dir, cache_dir)
     include = [str(TASKS_DIR), *(str(Path(p).resolve()) for p in suite.get("include_path") or [])]
     defaults = suite.get("include_defaults", True)
     manager = TaskManager(include_path=include, include_defaults=defaults, metadata=metadata)
@@ -98,6 +89,23 @@ def run_lm_eval(
             f"{', '.join(map(repr, unknown))}: no such task in lm-eval's registry, {' or '.join(include)} "
             "(lm-eval task, group or tag names, or a task YAML file)",
         )
+    return manager
+
+
+def run_lm_eval(
+    lm: AttnlabLM,
+    suite: dict[str, Any],
+    out_dir: Path,
+    *,
+    limit: int | None,
+    seed: int,
+    cache_dir: str,
+) -> dict[str, Any]:
+    """``simple_evaluate`` over the suite's tasks; raises a ``ConfigError`` naming the hub when a dataset is missing."""
+    import lm_eval
+
+    metadata = task_metadata(lm, suite, out_dir, cache_dir)
+    manager = task_manager(suite, metadata)
     lm.tokenizer.save(metadata["tokenizer"])
     try:
         return lm_eval.simple_evaluate(
@@ -332,7 +340,10 @@ class AfterTraining:
         self.cfg = cfg
 
     def check(self, window: int) -> None:
-        suite_passkey_lengths(OmegaConf.to_container(self.cfg.eval, resolve=True), window)
+        suite = OmegaConf.to_container(self.cfg.eval, resolve=True)
+        suite_passkey_lengths(suite, window)
+        if suite.get("tasks"):
+            task_manager(suite)
 
     def __call__(self, checkpoint: str) -> dict[str, Any]:
         from attnlab.resolvers import RUN_ID

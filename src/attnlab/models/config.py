@@ -44,10 +44,15 @@ class ModelConfig:
     extra: dict[str, Any] = field(default_factory=dict)  # provenance (e.g. the HF config it came from)
 
     def __post_init__(self) -> None:
+        from attnlab.config_checks import check_fields
+
+        check_fields(self.__dict__, ModelConfig, "model")  # a config.json or a record is data from a file
         require_choice(self.family, FAMILIES, "model.family")
         require_choice(self.pos_encoding, POSITION_ENCODINGS, "model.pos_encoding")
         for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
-            require(getattr(self, key) > 0, f"model.{key}", f"must be positive, got {getattr(self, key)}")
+            value = getattr(self, key)
+            allowed = f"must be a positive integer, got {value!r}"
+            require(isinstance(value, int) and not isinstance(value, bool) and value > 0, f"model.{key}", allowed)
         if self.padded_vocab_size is not None:
             size = self.padded_vocab_size
             require(size > 0, "model.padded_vocab_size", f"must be positive or null, got {size}")

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from attnlab.attention import AttentionContext, AttentionShape, CausalSelfAttention, KVCache
 from attnlab.errors import require
 from attnlab.models.config import ModelConfig
+from attnlab.models.sizes import check_fits_in_memory
 
 
 def rope_inverse_frequencies(config: ModelConfig) -> Tensor:
@@ -114,6 +115,8 @@ class GPT(nn.Module):
 
     def __init__(self, config: ModelConfig, attention: dict[str, Any] | None = None) -> None:
         super().__init__()
+        if torch.get_default_device().type == "cpu":  # (on the meta device nothing is allocated: any size counts)
+            check_fits_in_memory(config, f"model {config.name}", "model")
         self.config = config
         self.attention_config = dict(attention or {"name": "vanilla"})
         self.wte = nn.Embedding(config.embedding_rows, config.n_embd)

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab.errors import ConfigError
+from attnlab.errors import ConfigError, require
 from attnlab.hub import hub_reachable, local_dir, snapshot
 from attnlab.models.config import ModelConfig
 from attnlab.models.gpt import GPT
@@ -277,15 +277,30 @@ def convert_hf_state_dict(hf_state: Mapping[str, Tensor], config: ModelConfig) -
             continue
         ours = weight_map[template].format(layer)
         transform = transforms.get(template)
-        parts.setdefault(ours, []).append((order[template], transform(tensor, config) if transform else tensor))
+        try:
+            converted = transform(tensor, config) if transform else tensor
+        except RuntimeError:  # a reshape to the config's heads that the tensor's shape does not allow
+            raise ConfigError(
+                "model.init_from", f"{key}: shape {tuple(tensor.shape)} does not fit the config"
+            ) from None
+        parts.setdefault(ours, []).append((order[template], converted))
     if unknown:
         raise ConfigError("model.init_from", f"checkpoint keys with no place in the model: {_limited(sorted(unknown))}")
-    state = {ours: torch.cat([t for _, t in sorted(group, key=lambda p: p[0])]) for ours, group in parts.items()}
+    state = {ours: _joined(ours, [t for _, t in sorted(group, key=lambda p: p[0])]) for ours, group in parts.items()}
     if config.tie_embeddings and "wte.weight" in state:
         head = state.setdefault("lm_head.weight", state["wte.weight"])
         if not torch.equal(head, state["wte.weight"]):
             raise ConfigError("model.tie_embeddings", "the checkpoint is tied but its lm_head differs from wte")
     return state
+
+
+def _joined(name: str, pieces: list[Tensor]) -> Tensor:
+    """Llama's q, k and v as our fused projection; pieces whose widths disagree are the file's error."""
+    try:
+        return torch.cat(pieces)
+    except RuntimeError:
+        shapes = ", ".join(str(tuple(piece.shape)) for piece in pieces)
+        raise ConfigError("model.init_from", f"the pieces of {name} have shapes that do not join: {shapes}") from None
 
 
 def to_hf_state_dict(model: GPT) -> dict[str, Tensor]:
@@ -362,10 +377,15 @@ def _read_weights(files: list[Path]) -> dict[str, Tensor]:
 
     state: dict[str, Tensor] = {}
     for file in files:
-        if file.suffix == ".safetensors":
-            state.update(load_file(file))
-        else:
-            state.update(torch.load(file, map_location="cpu", weights_only=True))
+        try:
+            if file.suffix == ".safetensors":
+                state.update(load_file(file))
+            else:
+                state.update(torch.load(file, map_location="cpu", weights_only=True))
+        except Exception as exc:  # safetensors' and torch's own errors for a truncated, corrupt or pickled file
+            raise ConfigError(
+                "model.init_from", f"{file} is not a readable weights file ({type(exc).__name__})"
+            ) from None
     return state
 
 
@@ -380,12 +400,25 @@ def resolve_checkpoint(path_or_name: str) -> Path:
 
 
 def load_hf_checkpoint(path_or_name: str) -> tuple[ModelConfig, dict[str, Tensor]]:
-    """Our config and converted state dict for a local HF checkpoint directory or a hub repo id."""
+    """Our config and converted state dict for a local HF checkpoint directory or a hub repo id. Its config.json is
+    data from a file: its sizes are checked against the weights (``check_against_weights``) before a model is built,
+    and whatever in it or in the weights does not fit is one ``ConfigError`` naming the file."""
+    from attnlab.models.sizes import check_against_weights
+
     directory = resolve_checkpoint(path_or_name)
     config_file = directory / "config.json"
     if not config_file.is_file():
         raise ConfigError("model.init_from", f"no config.json in {directory}")
-    config = config_from_hf(json.loads(config_file.read_text()))
+    try:
+        hf = json.loads(config_file.read_text())
+        require(isinstance(hf, dict), "model.init_from", "not a JSON object")
+        config = config_from_hf(hf)
+    except (ValueError, UnicodeDecodeError) as exc:  # ConfigError is a ValueError: said with the file's name
+        raise ConfigError("model.init_from", f"{config_file}: {exc}") from None
+    except KeyError as exc:
+        raise ConfigError("model.init_from", f"{config_file}: no {exc.args[0]!r}, which the model needs") from None
+    except TypeError as exc:  # a size of the wrong type meets arithmetic
+        raise ConfigError("model.init_from", f"{config_file}: a value of the wrong type ({exc})") from None
     config.name = Path(path_or_name.rstrip("/")).name
     config.tokenizer = path_or_name
     config.init_from = INIT_FROM_PREFIX + path_or_name
@@ -399,6 +432,7 @@ def load_hf_checkpoint(path_or_name: str) -> tuple[ModelConfig, dict[str, Tensor
             "cached without its weights, run once with internet access",
         )
     state = convert_hf_state_dict(_read_weights(files), config)
+    check_against_weights(config, state, str(directory), "model.init_from", "config.json")
     _check_keys(state, _expected_keys(config))
     return config, state
 

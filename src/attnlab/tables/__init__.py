@@ -71,12 +71,19 @@ def reproduce(
         table = OmegaConf.to_container(cfg.table, resolve=True)
     if root is None or runs_dir is None or results_dir is None:
         raise TypeError("a composed table needs root, runs_dir and results_dir (a table's name does not)")
-    engine = Engine(table, scale, root=root, runs_dir=runs_dir, force=force, args=args, launcher=launcher)
+    forced = runs_dir / f".force-{table.get('name', 'table')}-{scale}"  # the salt of a FORCE=1 table not yet written
+    salt = forced_salt(forced) if force and not partial else {}
+    engine = Engine(table, scale, root=root, runs_dir=runs_dir, force=force, args=args, launcher=launcher, **salt)
     try:
         grid = engine.cells()
     except ConfigError:  # naming a gpu scale's cells reads its corpus, which only that machine may have
         engine.check_requirements()  # so a scale this machine cannot run says that first
         raise
+    if salt and not forced.is_file():  # kept until the table is written, so the same command resumes its cells
+        from attnlab.files import write_atomic
+
+        forced.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(forced, salt["salt"] + "\n")
     cells = [cell for cell in grid if cell.finished] if partial else grid
     if not cells:
         raise ConfigError("partial", "no cell of this table has finished training yet: run it without partial")
@@ -95,9 +102,28 @@ def reproduce(
     curves = engine.trajectories(cells)
     markdown = write(records, table, scale, results_dir, wandb_cfg, curves, sections, status, siblings)
     save_effects_figure(table, scale, results_dir, engine.row_sizes)
+    if salt and status is None:
+        forced.unlink(missing_ok=True)  # written whole: the next FORCE=1 starts afresh
     print(markdown)
     refresh_family(siblings, scale, results_dir, root)
     return markdown
+
+
+def forced_salt(path: Path) -> dict[str, str]:
+    """``FORCE=1``'s fresh cells are named with a salt; an interrupted forced table kept its salt in ``path``, so the
+    same command resumes those cells (a new salt would orphan them) until the table is written whole."""
+    import logging
+    import time
+
+    if path.is_file() and (salt := path.read_text().strip()):
+        logging.getLogger(__name__).info(
+            "FORCE=1 resumes the forced run of this table begun %s (its cells are named with that salt; to start "
+            "afresh instead, remove %s)",
+            salt,
+            path,
+        )
+        return {"salt": salt}
+    return {"salt": time.strftime("%Y%m%d-%H%M%S")}
 
 
 def render(

@@ -364,6 +364,9 @@ class Engine:
                     command = self.sweep_command(ready)
                     log.info("%s: %d cell(s): %s", stage, len(ready), " ".join(command[3:]))
                     run_sweep(command, self.root)
+                wait_while_trained_elsewhere(
+                    group
+                )  # a cell another table claimed first, between the wait and the launch
             unfinished = [c.directory.name for c in cells if c.stage == stage and not c.finished]
             if unfinished:
                 raise ConfigError("table", f"{stage} cells did not finish (re-run to resume): {', '.join(unfinished)}")

@@ -17,7 +17,7 @@ from attnlab.errors import require
 from attnlab.models import GPT, ModelConfig
 from attnlab.models.gpt import document_ids
 from attnlab.nn_utils import fused_next_token_loss, next_token_loss
-from attnlab.runs import MODEL_PREFIX, RECORD_KEY, OptimSpec, check_record_against_weights
+from attnlab.runs import MODEL_PREFIX, RECORD_KEY, OptimSpec, check_record_against_weights, read_checkpoint_file
 
 
 class LanguageModel(L.LightningModule):
@@ -52,6 +52,19 @@ class LanguageModel(L.LightningModule):
         self.run_record = run_record
         self.document_separator = document_separator
         self.val_loss = MeanMetric()
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: str | Path, *args: Any, **kwargs: Any) -> LanguageModel:
+        """Lightning's, after the file is read as ``attnlab.runs`` reads it (tensors and plain data only): a pickled
+        payload, a truncated file or a record whose sizes its weights contradict is one ``ConfigError`` line
+        naming the file, before Lightning builds anything."""
+        if isinstance(checkpoint_path, str | Path):
+            raw = read_checkpoint_file(Path(checkpoint_path), "checkpoint")
+            saved = raw.get(RECORD_KEY)
+            if isinstance(saved, dict) and isinstance(saved.get("spec"), dict):
+                weights = {k.removeprefix(MODEL_PREFIX): v for k, v in (raw.get("state_dict") or {}).items()}
+                check_record_against_weights(Path(checkpoint_path), saved["spec"], weights, "checkpoint")
+        return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
 
     def configure_model(self) -> None:
         """The model stays uncompiled (parameter names, and so checkpoints, are its own); the compiled loss also

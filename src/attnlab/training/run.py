@@ -24,6 +24,7 @@ from attnlab.models import GPT, ModelConfig, build_gpt
 from attnlab.numerics import kernel_record
 from attnlab.runs import (
     RESULTS_FILE,
+    RunDirectoryInUse,
     check_resume,
     claim_run_directory,
     load_checkpoint,
@@ -300,7 +301,7 @@ def main(cfg: DictConfig, evaluate: Evaluation | None = None) -> dict[str, Any]:
     try:
         return run(cfg, evaluate)
     except (ConfigError, RunStopped) as exc:
-        if isinstance(exc, ConfigError):
+        if isinstance(exc, ConfigError) and not isinstance(exc, RunDirectoryInUse):  # (that one is another's)
             remove_stub(output_dir(cfg))
         if in_multirun():  # the job fails alone; the sweep callback reports it with the others
             raise

@@ -29,13 +29,14 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.errors import ConfigError
-from attnlab.runs import check_writable, locked
+from attnlab.runs import RunDirectoryInUse, check_writable, locked
 
 log = logging.getLogger(__name__)
 
 JOBS_FILE = "jobs.jsonl"
 SWEEP_ID = "ATTNLAB_SWEEP_ID"  # set when a multirun starts; its jobs inherit it (same process, joblib, SLURM env)
 SWEPT_KEYS = "ATTNLAB_SWEPT_KEYS"  # the keys the multirun varies (a JSON list), passed to its jobs the same way
+HELD_ELSEWHERE = "held_elsewhere"  # a job whose directory another process trains in (not a failure)
 EXPECTED_ERRORS = (ConfigError,)  # reported in one line; anything else gets its traceback in the job's record
 
 
@@ -55,10 +56,23 @@ def read_jobs(sweep_dir: Path, sweep: str | None = None) -> list[dict[str, Any]]
     path = sweep_dir / JOBS_FILE
     if not path.is_file():
         return []
-    jobs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    jobs = [job for line in path.read_text(errors="replace").splitlines() if (job := job_record(line)) is not None]
     if sweep is not None:
         jobs = list({job["num"]: job for job in jobs if job.get("sweep") == sweep}.values())
     return sorted(jobs, key=lambda job: job["num"])
+
+
+def job_record(line: str) -> dict[str, Any] | None:
+    """One line of ``jobs.jsonl`` as a record, or None for a line that is not one (a write cut by a kill, a file
+    edited by hand): such a job counts as unrecorded, and its directory still says what it left."""
+    try:
+        job = json.loads(line)
+    except ValueError:
+        return None
+    fields = {"num": int, "status": str, "overrides": list, "output_dir": str}
+    if not isinstance(job, dict) or not all(isinstance(job.get(key), kind) for key, kind in fields.items()):
+        return None
+    return job
 
 
 def record_job(sweep_dir: Path, record: dict[str, Any]) -> None:
@@ -133,7 +147,12 @@ class SweepReport(Callback):
             "output_dir": hydra_cfg.runtime.output_dir,
             "status": "completed",
         }
-        if job_return.status == JobStatus.FAILED:
+        if job_return.status == JobStatus.FAILED and isinstance(job_return._return_value, RunDirectoryInUse):
+            # another process (a second table sharing the cell) trains it now: its outcome is that process's
+            record.update(status=HELD_ELSEWHERE, error=one_line(job_return._return_value))
+            log.info("Job %d (%s): %s", record["num"], " ".join(record["overrides"]), record["error"])
+            job_return.status, job_return.return_value = JobStatus.COMPLETED, None
+        elif job_return.status == JobStatus.FAILED:
             error = job_return._return_value
             record.update(status="failed", error=one_line(error))
             if not isinstance(error, EXPECTED_ERRORS):
@@ -150,9 +169,16 @@ class SweepReport(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         jobs = read_jobs(sweep_dir, os.environ.get(SWEEP_ID))
-        failed = [job for job in jobs if job["status"] != "completed"]
-        lines = [f"Sweep {sweep_dir}: {len(jobs) - len(failed)} of {len(jobs)} jobs completed"]
-        lines += [f"  job {job['num']} ({' '.join(job['overrides'])}) failed: {job['error']}" for job in failed]
+        failed = [job for job in jobs if job["status"] not in ("completed", HELD_ELSEWHERE)]
+        held = [job for job in jobs if job["status"] == HELD_ELSEWHERE]
+        lines = [f"Sweep {sweep_dir}: {len(jobs) - len(failed) - len(held)} of {len(jobs)} jobs completed"]
+        lines += [
+            f"  job {job['num']} ({' '.join(job['overrides'])}) failed: {job.get('error', 'failed')}" for job in failed
+        ]
+        lines += [
+            f"  job {job['num']} ({' '.join(job['overrides'])}) not run here: another process trains it now"
+            for job in held
+        ]
         print("\n".join(lines))
         if failed:
             raise SystemExit(
