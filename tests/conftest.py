@@ -11,6 +11,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from pathlib import Path
 
+from attnlab.numerics import pin_cpu_kernels
+
+pin_cpu_kernels()  # the numbers the commands give (importing attnlab does not pin): before any torch operation
+
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra

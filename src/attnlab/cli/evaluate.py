@@ -10,6 +10,7 @@ import hydra
 from omegaconf import DictConfig
 
 import attnlab.resolvers  # noqa: F401  (registers ${run_id:} before Hydra composes the config)
+from attnlab.cli import one_line_errors, reproducible_kernels
 from attnlab.configs import config_source
 from attnlab.errors import interrupted
 
@@ -29,11 +30,13 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
 
 def task(cfg: DictConfig) -> None:
     """Hydra's task: the results are in the run directory (a returned dict would be a sweeper's objective)."""
-    evaluate(cfg)
+    with one_line_errors():
+        evaluate(cfg)
 
 
 def main(config_dir: str | None = None) -> None:
     """``config_dir``: evaluate.py's own ``conf/``; by default the checkout's, else the installed package's."""
+    reproducible_kernels()
     try:
         hydra.main(version_base="1.3", config_path=config_dir or config_source("conf"), config_name="evaluate")(task)()
     except KeyboardInterrupt:  # inside the training loop a signal is the run's own stop; this is outside it

@@ -12,6 +12,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 import attnlab.resolvers  # noqa: F401  (registers ${run_id:} and ${cell_dir:})
+from attnlab.cli import reproducible_kernels
 from attnlab.configs import config_source
 from attnlab.errors import ConfigError
 from attnlab.tables import render, reproduce
@@ -56,6 +57,7 @@ def stop_on_sigterm(_signal_number: int, _frame: object) -> None:
 
 def main(config_dir: str | None = None) -> None:
     """``config_dir``: the script's own ``experiments/conf``; by default the checkout's, else the installed one."""
+    reproducible_kernels()
     source = config_dir or config_source("experiments/conf")
     hydra.main(version_base="1.3", config_path=source, config_name="reproduce_table")(task)()
 

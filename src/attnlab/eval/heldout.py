@@ -7,7 +7,7 @@ from typing import Any
 
 from datasets import DatasetDict
 
-from attnlab.defaults import CACHE_DIR, DATA_SEED
+from attnlab.defaults import DATA_SEED, cache_dir as default_cache_dir
 
 LOCAL_SOURCES = ("wiki_sample", "registry", "files")  # data.source values whose documents are on this machine
 
@@ -23,7 +23,7 @@ def heldout_dataset(**metadata: Any) -> DatasetDict:
     from attnlab.data import TextDataModule
 
     data = dict(metadata.get("data") or {})
-    cache_dir = str(metadata.get("cache_dir", CACHE_DIR))
+    cache_dir = str(metadata.get("cache_dir") or default_cache_dir())
     if data.get("source") in LOCAL_SOURCES:
         accepted = inspect.signature(TextDataModule).parameters
         settings = {key: value for key, value in data.items() if key in accepted and key != "packed_dir"}

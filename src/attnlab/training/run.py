@@ -293,17 +293,13 @@ def summary(results: dict[str, Any]) -> str:
 
 
 def main(cfg: DictConfig, evaluate: Evaluation | None = None) -> dict[str, Any]:
-    """Hydra task: a bad config prints one line naming the key and exits non-zero, leaving no run directory
-    behind; W&B is closed after every run."""
+    """The training job: a bad config raises ``ConfigError`` leaving no run directory behind (the command line
+    prints it as one line, ``attnlab.train`` raises it); W&B is closed after every run."""
     try:
         return run(cfg, evaluate)
-    except (ConfigError, RunStopped) as exc:
-        if isinstance(exc, ConfigError):
-            remove_stub(output_dir(cfg))
-        if in_multirun():  # the job fails alone; the sweep callback reports it with the others
-            raise
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(exc.exit_status if isinstance(exc, RunStopped) else 1) from None
+    except ConfigError:
+        remove_stub(output_dir(cfg))
+        raise
     finally:
         release_run_directory(output_dir(cfg))  # a sweep's next job may be this directory's next user
         wandb = sys.modules.get("wandb")  # imported only by a W&B logger: nothing to close otherwise
