@@ -1,15 +1,24 @@
-"""What a user of the installed package gets besides the clone's behaviour: a per-user data cache."""
+"""What a user of the installed package meets that the clone's tests do not: a per-user data cache, an export that
+behaves as Hugging Face users expect, and our own model on huggingface_hub's save/load for any attention variant."""
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose
 
+import attnlab
 import attnlab.configs
 from attnlab.configs import initialized
-from tests.conftest import ROOT
+from attnlab.export import main as export_main
+from attnlab.models import GPT, ModelConfig
+from tests.conftest import MICRO_DATA, MICRO_MODEL, ROOT
+
+transformers = pytest.importorskip("transformers")
 
 
 def cache_dir_of(overrides: list[str]) -> str:
@@ -48,3 +57,76 @@ def test_a_clone_keeps_its_own_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ATTNLAB_CACHE", raising=False)
     assert cache_dir_of([]) == str(ROOT / ".cache" / "attnlab")
     assert cache_dir_of(["paths.root_dir=/elsewhere"]) == "/elsewhere/.cache/attnlab"
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory, data_cache: Path) -> tuple[Path, dict]:
+    """A micro run trained by ``attnlab.train`` and exported under umask 022: the directory and the run's results."""
+    project = tmp_path_factory.mktemp("export")
+    results = attnlab.train(
+        [
+            *["logger=csv", "trainer=cpu", "callbacks.progress_bar.refresh_rate=0", "print_config=false"],
+            *MICRO_MODEL,
+            *MICRO_DATA,
+            *["trainer.max_steps=3", "trainer.limit_val_batches=2", f"paths.root_dir={project}"],
+            f"paths.cache_dir={data_cache}",
+        ]
+    )
+    previous = os.umask(0o022)
+    try:
+        export_main([results["last_checkpoint"], str(project / "hf")])
+    finally:
+        os.umask(previous)
+    return project / "hf", results
+
+
+def test_the_export_truncates_and_pads_to_the_model(exported: tuple[Path, dict]) -> None:
+    """``tok(long_text, truncation=True)`` stops at the model's context (not at 1e30), and a batch pads, so
+    ``generate`` on a long prompt works instead of indexing past the position table."""
+    directory, _ = exported
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
+    long_text = "The history of the city begins with a river crossing. " * 40
+    assert tokenizer.model_max_length == model.config.n_positions == 64
+    ids = tokenizer(long_text, truncation=True, return_tensors="pt")["input_ids"]
+    assert ids.shape == (1, 64)
+    batch = tokenizer(["a short one", long_text], truncation=True, padding=True, return_tensors="pt")
+    assert batch["input_ids"].shape == (2, 64) and tokenizer.pad_token == tokenizer.eos_token
+    short = tokenizer(long_text, truncation=True, max_length=60, return_tensors="pt")
+    out = model.generate(**short, max_new_tokens=4, do_sample=False)
+    assert out.shape == (1, 64)
+
+
+def test_the_export_is_readable_as_the_umask_allows(exported: tuple[Path, dict]) -> None:
+    directory, _ = exported
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o755
+    assert {stat.S_IMODE(p.stat().st_mode) for p in directory.iterdir()} == {0o644}
+
+
+def test_the_export_has_a_model_card(exported: tuple[Path, dict]) -> None:
+    """What a hub user reads first: the variant, the data, the tokens seen, the val ppl and the training command."""
+    directory, results = exported
+    card = (directory / "README.md").read_text()
+    assert card.startswith("---\n") and "library_name: transformers" in card
+    assert "attention=vanilla" in card and "wiki_sample" in card
+    assert f"{results['train_tokens']:,} tokens" in card and f"{results['val_ppl']:.2f}" in card
+    assert "`attnlab-train logger=csv trainer=cpu" in card and "trainer.max_steps=3" in card
+
+
+@pytest.mark.parametrize("attention", ["ssa", "gated_sdpa"])
+def test_our_model_round_trips_any_attention_variant_through_save_pretrained(tmp_path: Path, attention: str) -> None:
+    """The HF export refuses variants (no transformers layer computes them); huggingface_hub's mixin on our own
+    model keeps them: the same logits after ``save_pretrained`` / ``from_pretrained``."""
+    torch.manual_seed(0)
+    config = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=64, vocab_size=300)
+    model = GPT(config, {"name": attention}).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.3 * torch.randn_like(param))
+    model.save_pretrained(tmp_path / "ours")
+    loaded = GPT.from_pretrained(tmp_path / "ours").eval()
+    assert loaded.config == config and loaded.attention_config == {"name": attention}
+    assert any(name for name, _ in loaded.variant_parameters())  # the variant's own weights came back too
+    ids = torch.randint(0, 300, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids), model(ids), atol=0, rtol=0)
