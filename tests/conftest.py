@@ -11,10 +11,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from pathlib import Path
 
-from attnlab.numerics import pin_cpu_kernels
-
-pin_cpu_kernels()  # the numbers the commands give (importing attnlab does not pin): before any torch operation
-
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -22,6 +18,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
 import attnlab.resolvers  # noqa: F401
+from attnlab.numerics import pin_cpu_kernels
+
+pin_cpu_kernels()  # the numbers the commands give (importing attnlab does not pin them): before any torch operation
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"

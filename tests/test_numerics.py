@@ -75,9 +75,8 @@ def test_importing_attnlab_leaves_the_process_environment_alone() -> None:
 
 
 def test_a_command_with_a_bad_choice_stops_with_one_line() -> None:
-    done = subprocess.run(
-        [sys.executable, "train.py"], cwd=ROOT, env=os.environ | {numerics.SETTING: "fast"}, capture_output=True, text=True
-    )
+    environ = os.environ | {numerics.SETTING: "fast"}
+    done = subprocess.run([sys.executable, "train.py"], cwd=ROOT, env=environ, capture_output=True, text=True)
     assert done.returncode == 1
     assert done.stderr.strip() == "error: ATTNLAB_CPU_KERNELS: got 'fast'; allowed: portable, native"
 

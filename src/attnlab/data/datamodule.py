@@ -26,7 +26,8 @@ from attnlab.data.corpus import CORPUS_VERSION, wiki_sample_documents, write_onc
 from attnlab.data.registry import registry_corpus_file
 from attnlab.data.text_files import corpus_sha256, resolve_text_files
 from attnlab.data.tokenizer import eos_token_id, load_pretrained_tokenizer, train_bpe_tokenizer
-from attnlab.defaults import DATA_SEED, cache_dir as default_cache_dir
+from attnlab.defaults import DATA_SEED
+from attnlab.defaults import cache_dir as default_cache_dir
 from attnlab.digest import digest
 from attnlab.errors import ConfigError, require, require_choice
 from attnlab.hub import use_cache_only_if_offline

@@ -24,7 +24,8 @@ from omegaconf import OmegaConf
 
 from attnlab.console import announce
 from attnlab.data.tokenizer import joined_ids
-from attnlab.defaults import EVAL_SEED, cache_dir as default_cache_dir
+from attnlab.defaults import EVAL_SEED
+from attnlab.defaults import cache_dir as default_cache_dir
 from attnlab.errors import ConfigError
 from attnlab.eval.heldout import heldout_dataset, scores_own_corpus
 from attnlab.eval.lm import AttnlabLM

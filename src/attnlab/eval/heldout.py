@@ -7,7 +7,8 @@ from typing import Any
 
 from datasets import DatasetDict
 
-from attnlab.defaults import DATA_SEED, cache_dir as default_cache_dir
+from attnlab.defaults import DATA_SEED
+from attnlab.defaults import cache_dir as default_cache_dir
 
 LOCAL_SOURCES = ("wiki_sample", "registry", "files")  # data.source values whose documents are on this machine
 

@@ -36,7 +36,7 @@ from attnlab.runs import (
     write_results,
 )
 from attnlab.training.checkpointing import last_checkpoint_path
-from attnlab.training.guards import RunStopped, stop_cleanly
+from attnlab.training.guards import stop_cleanly
 from attnlab.training.loggers import log_results
 from attnlab.training.module import LanguageModel
 from attnlab.training.sweeps import in_multirun
