@@ -219,7 +219,7 @@ def test_cli_bad_value_exits_nonzero_with_one_clear_line(tmp_path: Path) -> None
 
 
 def test_run_ids_differ_between_processes_started_together() -> None:
-    code = "import attnlab.resolvers as r; print(r.RUN_ID)"
+    code = "import attnlab.resolvers as r; print(r.run_id())"
     ids = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout for _ in range(3)}
     assert len(ids) == 3
 
