@@ -54,6 +54,7 @@ def test_each_call_is_its_own_run_and_last_resumes_into_a_new_one(trained: tuple
     resumed = attnlab.train([*longer, "seed=2", "ckpt_path=last", "trainer.max_steps=4", *paths])
     runs = [Path(r["output_dir"]) for r in (first, second, resumed)]
     assert len(set(runs)) == 3 and all((run / "results.json").is_file() for run in runs)
+    assert all((run / "loss_curves.png").is_file() for run in runs)  # every run draws its losses
     assert resumed["steps"] == 4 and not list(runs[1].glob(".hydra-*"))  # resumed from the second run's last.ckpt
     assert json.loads((runs[1] / "results.json").read_text())["steps"] == 3
 

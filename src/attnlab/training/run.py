@@ -17,6 +17,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from omegaconf import DictConfig
 
+from attnlab.compare import run_figure
 from attnlab.console import announce
 from attnlab.data import TextDataModule
 from attnlab.errors import ConfigError, require
@@ -236,6 +237,7 @@ def run(cfg: DictConfig, evaluate: Evaluation | None = None) -> dict[str, Any]:
     if trainer.is_global_zero:
         log_results(loggers, results)
         write_results(out / RESULTS_FILE, results)
+        run_figure(out, results)  # loss_curves.png: the run's losses at a glance, as attnlab-compare draws a sweep's
         announce(summary(results))  # the terminal's last words, also at the end of train.log
     return results
 
