@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 import attnlab
 from attnlab.errors import ConfigError
@@ -55,6 +56,14 @@ def test_each_call_is_its_own_run_and_last_resumes_into_a_new_one(trained: tuple
     runs = [Path(r["output_dir"]) for r in (first, second, resumed)]
     assert len(set(runs)) == 3 and all((run / "results.json").is_file() for run in runs)
     assert all((run / "loss_curves.png").is_file() for run in runs)  # every run draws its losses
+    logged = yaml.safe_load((runs[1] / "csv" / "hparams.yaml").read_text())  # what W&B's config panel shows too
+    assert set(logged) == {"experiment_name", "seed", "model", "attention", "optim", "schedule_steps", "data"} | {
+        "trainer",
+        "train_tokens",
+        "global_batch_tokens",
+    }
+    assert logged["seed"] == 2 and logged["model"]["n_embd"] == 32 and "_target_" not in str(logged)
+    assert str(project) not in str(logged)  # no paths of this machine
     assert resumed["steps"] == 4 and not list(runs[1].glob(".hydra-*"))  # resumed from the second run's last.ckpt
     assert json.loads((runs[1] / "results.json").read_text())["steps"] == 3
 

@@ -130,3 +130,16 @@ def test_our_model_round_trips_any_attention_variant_through_save_pretrained(tmp
     ids = torch.randint(0, 300, (2, 40), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids), model(ids), atol=0, rtol=0)
+
+
+def test_the_progress_bar_counts_tokens() -> None:
+    """A run's speed is quoted in tokens/s (results.json, the summary line, W&B); the bar's rate says the same."""
+    from attnlab.training.callbacks import TokenProgressBar
+
+    bar = TokenProgressBar()
+    bar.tokens_per_batch = 128
+    tqdm = bar.init_train_tqdm()
+    tqdm.total = 10
+    tqdm.update(3)
+    assert "384/1280" in str(tqdm) and "tok/s" in str(tqdm)
+    tqdm.close()

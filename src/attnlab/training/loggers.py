@@ -58,6 +58,33 @@ def run_identity(
     )
 
 
+# settings that say where or how a run writes, not what it is: left out of the loggers' config panels
+NOT_THE_RUN = {
+    "data": ("_target_", "cache_dir", "packed_dir", "num_workers"),
+    "trainer": ("_target_", "default_root_dir", "plugins", "enable_model_summary"),
+}
+
+
+def logged_config(cfg: Any, spec: dict[str, Any]) -> dict[str, Any]:
+    """The config W&B (and the CSV log's hparams.yaml) show for a run: its spec (model as built, attention,
+    optimiser, schedule), the data and trainer settings and the seed, which tell runs apart; not the composed
+    config's paths, ``_target_`` keys or display switches (``print_config``, the progress bar)."""
+    from attnlab.runs import plain
+
+    sections = {
+        name: {key: value for key, value in plain(cfg[name]).items() if key not in dropped}
+        for name, dropped in NOT_THE_RUN.items()
+    }
+    return {
+        "experiment_name": cfg.experiment_name,
+        "seed": cfg.seed,
+        **{key: spec[key] for key in ("model", "attention", "optim", "schedule_steps")},
+        **sections,
+        "train_tokens": cfg.get("train_tokens"),
+        "global_batch_tokens": cfg.get("global_batch_tokens"),
+    }
+
+
 def numbers(results: dict[str, Any], prefix: str = "") -> dict[str, float]:
     """The numeric entries of a results dict, nested ones (``eval``) flattened as ``eval/<key>``."""
     flat: dict[str, float] = {}

@@ -36,9 +36,10 @@ from attnlab.runs import (
     validate_train_config,
     write_results,
 )
+from attnlab.training.callbacks import TokenThroughput
 from attnlab.training.checkpointing import last_checkpoint_path
 from attnlab.training.guards import stop_cleanly
-from attnlab.training.loggers import log_results
+from attnlab.training.loggers import log_results, logged_config
 from attnlab.training.module import LanguageModel
 from attnlab.training.sweeps import in_multirun
 
@@ -194,7 +195,7 @@ def run(cfg: DictConfig, evaluate: Evaluation | None = None) -> dict[str, Any]:
         separator,
     )
     for logger in loggers:
-        logger.log_hyperparams(plain(cfg))
+        logger.log_hyperparams(logged_config(cfg, spec))
 
     unigram = datamodule.unigram_perplexity()
     log.info("Unigram baseline (add-one, training counts) validation perplexity: %.1f", unigram)
@@ -243,13 +244,11 @@ def run(cfg: DictConfig, evaluate: Evaluation | None = None) -> dict[str, Any]:
 
 
 def training_steps_rate(trainer: L.Trainer) -> float | None:
-    """Tokens per second of the training steps alone, as Lightning's ThroughputMonitor (callbacks.throughput) last
-    logged them: its clock leaves out validation, so a short run with frequent validation is not reported slow.
-    None without the monitor."""
-    logged = trainer.logged_metrics
-    if "train/time" not in logged or "train/lengths" not in logged or float(logged["train/time"]) <= 0:
-        return None
-    return float(logged["train/lengths"]) / float(logged["train/time"])
+    """Tokens per second of the training steps alone, as Lightning's ThroughputMonitor (callbacks.throughput)
+    clocks them: validation is left out, so a short run with frequent validation is not reported slow. None
+    without the monitor."""
+    monitor = next((c for c in trainer.callbacks if isinstance(c, TokenThroughput)), None)
+    return monitor.training_tokens_per_second() if monitor is not None else None
 
 
 def relaunches_command(trainer: L.Trainer) -> bool:
