@@ -64,6 +64,7 @@ def test_each_call_is_its_own_run_and_last_resumes_into_a_new_one(trained: tuple
     }
     assert logged["seed"] == 2 and logged["model"]["n_embd"] == 32 and "_target_" not in str(logged)
     assert str(project) not in str(logged)  # no paths of this machine
+    assert "Tip:" not in (runs[1] / "train.log").read_text()  # Lightning's litlogger / litmodels advertising
     assert resumed["steps"] == 4 and not list(runs[1].glob(".hydra-*"))  # resumed from the second run's last.ckpt
     assert json.loads((runs[1] / "results.json").read_text())["steps"] == 3
 

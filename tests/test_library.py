@@ -143,3 +143,12 @@ def test_the_progress_bar_counts_tokens() -> None:
     tqdm.update(3)
     assert "384/1280" in str(tqdm) and "tok/s" in str(tqdm)
     tqdm.close()
+
+
+def test_our_lm_eval_tasks_state_each_metrics_aggregation() -> None:
+    """lm-eval prints a warning per metric it has to give a default aggregation or direction, on every evaluation."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    for task in (ROOT / "src" / "attnlab" / "eval" / "tasks").glob("*.yaml"):
+        for metric in load_yaml(task, resolve_func=False)["metric_list"]:  # lm-eval's own reader (!function tags)
+            assert {"aggregation", "higher_is_better"} <= set(metric), f"{task.name}: {metric['metric']}"
