@@ -152,3 +152,54 @@ def test_our_lm_eval_tasks_state_each_metrics_aggregation() -> None:
     for task in (ROOT / "src" / "attnlab" / "eval" / "tasks").glob("*.yaml"):
         for metric in load_yaml(task, resolve_func=False)["metric_list"]:  # lm-eval's own reader (!function tags)
             assert {"aggregation", "higher_is_better"} <= set(metric), f"{task.name}: {metric['metric']}"
+
+
+TRAIN_MICRO = [
+    *["trainer=cpu", "callbacks.progress_bar.refresh_rate=0", "print_config=false", *MICRO_MODEL, *MICRO_DATA],
+    *["trainer.max_steps=2", "trainer.limit_val_batches=1", "trainer.val_check_interval=2"],
+]
+
+
+@pytest.mark.parametrize(
+    ("logger", "modules"), [("tensorboard", {"tensorboard", "tensorboardX"}), ("mlflow", {"mlflow"})]
+)
+def test_an_optional_logger_without_its_package_is_one_line(
+    logger: str, modules: set[str], tmp_path: Path, data_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    from attnlab.errors import ConfigError
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in modules else find_spec(name, *a))
+    with pytest.raises(
+        ConfigError, match=rf"^logger: {logger} needs the .* package: pip install 'attnlab\[{logger}\]'"
+    ):
+        attnlab.train([*TRAIN_MICRO, f"logger={logger}", f"paths.root_dir={tmp_path}", f"paths.cache_dir={data_cache}"])
+    assert not [path for path in tmp_path.rglob("*") if path.is_file()]  # nothing left behind
+
+
+def test_logger_tensorboard_names_and_groups_runs_as_wandb(tmp_path: Path, data_cache: Path) -> None:
+    if not (find_module("tensorboard") or find_module("tensorboardX")):
+        pytest.skip("logger=tensorboard needs tensorboard or tensorboardX (pip install 'attnlab[tensorboard]')")
+    paths = [f"paths.root_dir={tmp_path}", f"paths.cache_dir={data_cache}", "experiment_name=abl"]
+    results = attnlab.train([*TRAIN_MICRO, "logger=tensorboard", "seed=3", *paths])
+    (version,) = (tmp_path / "outputs" / "tensorboard" / "abl").iterdir()  # grouped by experiment, as W&B's runs
+    assert version.name == f"tiny-vanilla-s3_{Path(results['output_dir']).name}"
+    assert list(version.glob("events.out.tfevents.*")) and (Path(results["output_dir"]) / "csv").is_dir()
+
+
+def test_logger_mlflow_names_and_groups_runs_as_wandb(tmp_path: Path, data_cache: Path) -> None:
+    mlflow = pytest.importorskip("mlflow")
+    paths = [f"paths.root_dir={tmp_path}", f"paths.cache_dir={data_cache}", "experiment_name=abl"]
+    attnlab.train([*TRAIN_MICRO, "logger=mlflow", "attention=gated_sdpa", *paths])
+    client = mlflow.MlflowClient(tracking_uri=f"file:{tmp_path / 'outputs' / 'mlruns'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("abl").experiment_id])
+    assert run.info.run_name == "tiny-gated_sdpa-s1337" and run.data.tags["gated_sdpa"] == "true"
+    assert "val/loss" in run.data.metrics and run.data.params["attention/name"] == "gated_sdpa"
+
+
+def find_module(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None

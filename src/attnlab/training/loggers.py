@@ -8,6 +8,7 @@ from typing import Any
 
 from lightning.pytorch.loggers import Logger, WandbLogger
 
+from attnlab.errors import require
 from attnlab.hub import wandb_mode
 from attnlab.training.sweeps import SweepJob, current_job
 
@@ -38,6 +39,49 @@ def wandb_logger(
     # with a warning that the setting has no effect; not passing it is the same run without the warning
     logger._wandb_init.pop("anonymous", None)
     return logger
+
+
+def needs_package(logger: str, modules: Sequence[str], extra: str) -> None:
+    """One line naming ``logger`` and the install command when none of ``modules`` is installed (the optional
+    loggers' packages are extras), before Lightning fails deep inside with an import error."""
+    from importlib.util import find_spec
+
+    require(
+        any(find_spec(module) is not None for module in modules),
+        "logger",
+        f"{logger} needs the {modules[0]} package: pip install 'attnlab[{extra}]'",
+    )
+
+
+def tensorboard_logger(
+    save_dir: str, run_dir: str, experiment: str, name: str, group: str | None = None, name_keys: Sequence[str] = ()
+) -> Logger:
+    """Lightning's TensorBoardLogger, each run at ``<save_dir>/<group>/<name>_<run directory>``: named and grouped by
+    ``run_identity`` as the W&B runs are, and never two runs in one directory (same name, another seed or start)."""
+    needs_package("tensorboard", ("tensorboard", "tensorboardX"), "tensorboard")
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    name, group, _ = run_identity(name, group, [], experiment, current_job(), name_keys)
+    return TensorBoardLogger(save_dir, name=group, version=f"{name}_{Path(run_dir).name}", default_hp_metric=False)
+
+
+def mlflow_logger(
+    tracking_uri: str,
+    experiment: str,
+    name: str,
+    tags: list[str],
+    group: str | None = None,
+    name_keys: Sequence[str] = (),
+) -> Logger:
+    """Lightning's MLFlowLogger: the group (``run_identity``, as W&B's) is the MLflow experiment, the run is named as
+    in W&B, and each W&B tag is an MLflow tag (set to ``true``: MLflow's tags are pairs)."""
+    needs_package("mlflow", ("mlflow",), "mlflow")
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    name, group, tags = run_identity(name, group, tags, experiment, current_job(), name_keys)
+    return MLFlowLogger(
+        experiment_name=group, run_name=name, tracking_uri=tracking_uri, tags={tag: "true" for tag in tags}
+    )
 
 
 def run_identity(
