@@ -193,7 +193,7 @@ def test_logger_mlflow_names_and_groups_runs_as_wandb(tmp_path: Path, data_cache
     mlflow = pytest.importorskip("mlflow")
     paths = [f"paths.root_dir={tmp_path}", f"paths.cache_dir={data_cache}", "experiment_name=abl"]
     attnlab.train([*TRAIN_MICRO, "logger=mlflow", "attention=gated_sdpa", *paths])
-    client = mlflow.MlflowClient(tracking_uri=f"file:{tmp_path / 'outputs' / 'mlruns'}")
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
     (run,) = client.search_runs([client.get_experiment_by_name("abl").experiment_id])
     assert run.info.run_name == "tiny-gated_sdpa-s1337" and run.data.tags["gated_sdpa"] == "true"
     assert "val/loss" in run.data.metrics and run.data.params["attention/name"] == "gated_sdpa"

@@ -14,6 +14,7 @@ import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
+from lightning.pytorch.loggers import Logger
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from omegaconf import DictConfig
 
@@ -147,7 +148,7 @@ def run(cfg: DictConfig, evaluate: Evaluation | None = None) -> dict[str, Any]:
     log.info(describe_model(model, attention))
 
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
-    loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
+    loggers = [instantiate_logger(c) for c in (cfg.get("logger") or {}).values() if c is not None]
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
     require(
         not (in_multirun() and relaunches_command(trainer)),
@@ -241,6 +242,19 @@ def run(cfg: DictConfig, evaluate: Evaluation | None = None) -> dict[str, Any]:
         run_figure(out, results)  # loss_curves.png: the run's losses at a glance, as attnlab-compare draws a sweep's
         announce(summary(results))  # the terminal's last words, also at the end of train.log
     return results
+
+
+def instantiate_logger(node: DictConfig) -> Logger:
+    """A ``logger.<name>`` entry instantiated; its factory's ``ConfigError`` (a missing optional package) is raised
+    as itself, not inside Hydra's ``InstantiationException``, so the command prints its one line."""
+    from hydra.errors import InstantiationException
+
+    try:
+        return instantiate(node)
+    except InstantiationException as exc:
+        if isinstance(exc.__cause__, ConfigError):
+            raise exc.__cause__ from None
+        raise
 
 
 def training_steps_rate(trainer: L.Trainer) -> float | None:
