@@ -1,5 +1,6 @@
 """What a user of the installed package meets that the clone's tests do not: a per-user data cache, an export that
-behaves as Hugging Face users expect, and our own model on huggingface_hub's save/load for any attention variant."""
+behaves as Hugging Face users expect, our own model on huggingface_hub's save/load for any attention variant, a
+progress bar in tokens, lm-eval tasks that do not warn, and the TensorBoard and MLflow loggers."""
 
 from __future__ import annotations
 
