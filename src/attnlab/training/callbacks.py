@@ -46,17 +46,26 @@ class TokenThroughput(ThroughputMonitor):
 
     @rank_zero_only
     def on_validation_end(self, trainer: L.Trainer, *args: Any) -> None:
-        if not trainer.sanity_checking and trainer.state.fn == TrainerFn.FITTING:
+        if (
+            not trainer.sanity_checking
+            and trainer.state.fn == TrainerFn.FITTING
+            and self.measured(RunningStage.VALIDATING)
+        ):
             seconds = self._throughputs[RunningStage.VALIDATING].compute().get("time")
             if seconds:
                 tokens = self._lengths[RunningStage.VALIDATING] * trainer.world_size
                 trainer._logger_connector.log_metrics({"validate/tokens_per_sec": tokens / seconds})
         super().on_validation_end(trainer, *args)
 
+    def measured(self, stage: RunningStage) -> bool:
+        """Whether ``stage`` ran a batch: Lightning's ``Throughput.compute`` fails on none (a resumed run at its end)"""
+        return bool(self._batches.get(stage))
+
     def training_tokens_per_second(self) -> float | None:
         """Tokens per second of the training steps alone (validation left out of the clock); None before any."""
-        throughput = self._throughputs.get(RunningStage.TRAINING)
-        computed = throughput.compute() if throughput is not None else {}
+        if not self.measured(RunningStage.TRAINING):
+            return None
+        computed = self._throughputs[RunningStage.TRAINING].compute()
         seconds = computed.get("time")
         return computed["lengths"] / seconds if seconds and computed.get("lengths") else None
 
