@@ -10,15 +10,17 @@ LAUNCHER ?=
 RENDER ?=
 PARTIAL ?=
 # the table engine: SCALE (one of the table's scales, as make help lists them), FORCE=1 (fresh cells), ARGS (train.py
-# overrides), LAUNCHER (Hydra's), RENDER=1 (write the table again from its committed runs.csv: no training, no
-# evaluation), PARTIAL=1 (write it from the cells trained so far, while the run goes on elsewhere: no training)
+# overrides), LAUNCHER (Hydra's launcher: slurm or joblib, then its overrides), RENDER=1 (write the table again from
+# its committed runs.csv: no training, no evaluation), PARTIAL=1 (write it from the cells trained so far, while the
+# run goes on elsewhere: no training)
 TABLE = $(PY) experiments/reproduce_table.py scale=$(SCALE) force=$(if $(FORCE),true,false) "args='$(ARGS)'" \
 	"launcher='$(LAUNCHER)'" render_only=$(if $(RENDER),true,false) partial=$(if $(PARTIAL),true,false)
 
 .DEFAULT_GOAL := help
 .PHONY: help install train test test-slow lint format bench reproduce-table1 reproduce-table2 reproduce-table3 \
-	reproduce-table4 reproduce-table5 reproduce-table6 reproduce-table7 reproduce-table8 reproduce-outliers \
-	reproduce-gating reproduce-pruning reproduce-variants report notebooks readme-sample clean clean-data clean-outputs \
+	reproduce-table4 reproduce-table5 reproduce-table6 reproduce-table7 reproduce-table8 reproduce-table8_single_term \
+	reproduce-outliers \
+	reproduce-gating reproduce-pruning reproduce-variants report notebooks readme-sample readme-numbers clean clean-data clean-outputs \
 	corpus-registry
 
 help:  ## list the targets
@@ -78,13 +80,16 @@ reproduce-table6: $(STAMP)  ## SSA Table 6 (token vs position temperature on q a
 reproduce-table7: $(STAMP)  ## SSA Table 7 (base / weight sharing / feature-based, both stages; SCALE=cpu|cpu_long|paper|smoke) -> experiments/results/table7/
 	$(TABLE) table=table7
 
-reproduce-table8: $(STAMP)  ## SSA Table 8 (temperature baselines: constant, YaRN, frequency vs SSA; SCALE=cpu|cpu_long|paper|smoke) -> experiments/results/table8/
+reproduce-table8: $(STAMP)  ## SSA Table 8 (SSA with one term replaced: YaRN or a constant for position, frequency for token; SCALE=cpu|cpu_long|paper|smoke) -> experiments/results/table8/
 	$(TABLE) table=table8
+
+reproduce-table8_single_term: $(STAMP)  ## Table 8's baselines alone on q, no SSA term (our first reading, kept as an ablation; SCALE=cpu|cpu_long|paper|smoke) -> experiments/results/table8_single_term/
+	$(TABLE) table=table8_single_term
 
 reproduce-outliers: $(STAMP)  ## Bondarenko et al.: outliers and W8A8 (vanilla / clipped softmax / gated; SCALE=cpu|cpu_long|gpu|gpu_wide|paper|smoke; cpu_long: ~9.5 h, where vanilla grows outliers) -> experiments/results/outliers/
 	$(TABLE) table=outliers
 
-reproduce-gating: $(STAMP)  ## Qiu et al.: gate positions G1-G5 and forms (perplexity, sinks, gates; SCALE=cpu|cpu_long|gpu|paper|smoke; cpu_long and gpu: G1 and G2 only) -> experiments/results/gating/
+reproduce-gating: $(STAMP)  ## Qiu et al.: gate positions G1-G5 and forms (perplexity, sinks, gates; SCALE=cpu|cpu_long|gpu|paper|smoke|synthetic; cpu_long and gpu: G1 and G2 only; synthetic: Bigram-Backcopy) -> experiments/results/gating/
 	$(TABLE) table=gating
 
 reproduce-pruning: $(STAMP)  ## Michel et al.: head pruning curves, importance vs random (the outliers table's cells; SCALE=cpu|cpu_long|gpu|paper|smoke) -> experiments/results/pruning/
@@ -98,6 +103,9 @@ report: $(STAMP)  ## every committed table, figure and README reading as one sta
 
 readme-sample: $(STAMP)  ## re-run make train (and eval=analysis on it) and write the README's sample outputs from them
 	$(PY) experiments/readme_sample.py --analysis
+
+readme-numbers: $(STAMP)  ## check every percentage, interval and p-value the README's table readings quote against the committed results
+	$(PY) experiments/readme_numbers.py
 
 notebooks: $(STAMP)  ## open notebooks/ in JupyterLab (installs the `notebooks` extra into .venv the first time)
 	test -x $(VENV)/bin/jupyter-lab || $(PY) -m pip install -q -e '.[notebooks]'

@@ -21,8 +21,10 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
 MARKER = ".attnlab-report"  # marks a directory this script wrote, so it may replace it and nothing else
 # a reading in the README: <!-- reading: table3 table4 --> ... <!-- /reading -->, shown on those tables' pages
 READING = re.compile(r"<!-- reading: ([\w ]+) -->\n(.*?)<!-- /reading -->", re.S)
-VERDICTS = ("reproduces", "opposite", "inconclusive", "present", "absent", "not measured", "no paper value")
+JUDGED = ("reproduces", "opposite", "smaller than the paper's", "unresolved")  # the tables' four verdicts
+VERDICTS = (*JUDGED, "identical", "present", "absent", "not measured", "no paper value")
 VERDICT_CELL = re.compile(rf"<td( style=\"[^\"]*\")?>((?:<strong>)?({'|'.join(VERDICTS)})(?:</strong>)?)</td>")
+CSS_CLASS = re.compile(r"[^a-z]+")  # "smaller than the paper's" -> smaller-than-the-paper-s
 ORDER = (
     "table1",
     "table2",
@@ -32,6 +34,7 @@ ORDER = (
     "table6",
     "table7",
     "table8",
+    "table8_single_term",
     "outliers",
     "gating",
     "pruning",
@@ -104,7 +107,7 @@ def markdown_html(text: str) -> str:
     from markdown_it import MarkdownIt
 
     html = MarkdownIt("commonmark").enable("table").render(text)
-    return VERDICT_CELL.sub(lambda m: f'<td class="verdict {m[3].replace(" ", "-")}"{m[1] or ""}>{m[2]}</td>', html)
+    return VERDICT_CELL.sub(lambda m: f'<td class="verdict {CSS_CLASS.sub("-", m[3])}"{m[1] or ""}>{m[2]}</td>', html)
 
 
 def discover(results: Path) -> list[Page]:
@@ -238,8 +241,8 @@ def summarise(page: Page) -> None:
     if (page.source / "effects.csv").is_file():
         effects = pd.read_csv(page.source / "effects.csv")
         column = "verdict_holm" if "verdict_holm" in effects else "verdict"
-        counts = Counter(v for v in effects[column] if v in ("reproduces", "opposite", "inconclusive"))
-        page.verdicts = {v: counts[v] for v in ("reproduces", "opposite", "inconclusive")}
+        counts = Counter(v for v in effects[column] if v in JUDGED)
+        page.verdicts = {v: counts[v] for v in JUDGED}
         several = varying(effects)
         page.kept = [
             f"{' '.join(str(getattr(e, key)) for key in several)} `{e.attention}` {e.column}: {percent(e.diff_pct)} "
@@ -278,7 +281,8 @@ def overview(pages: list[Page], root: Path = ROOT) -> str:
     """Every engine table at every scale in one Markdown table: is the paper's phenomenon there, and which effects
     survive Holm's correction (the README's overview; the pages must have been summarised)."""
     lines = [
-        "| table | scale | the phenomenon in the baseline | after Holm: reproduces / opposite / inconclusive "
+        "| table | scale | the phenomenon in the baseline | after Holm over the paper's family: reproduces / "
+        "opposite / smaller than the paper's / unresolved "
         "| the effects that survive Holm (variant minus vanilla) |",
         "|---|---|---|---|---|",
     ]
@@ -348,6 +352,7 @@ def build(results: Path, out: Path, root: Path = ROOT, readme: Path | None = Non
         for page in pages:
             fill(page, staging, root, texts.get(page.name, ""), site_paths)
         environment = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape())
+        environment.filters["css_class"] = lambda verdict: CSS_CLASS.sub("-", verdict)
         made = time.strftime("%Y-%m-%d %H:%M")
         common = {"pages": pages, "made": made, "results": shown(results, root)}
         for page in pages:

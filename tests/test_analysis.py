@@ -49,7 +49,7 @@ from attnlab.eval.analysis.outliers import (
     weight_targets,
 )
 from attnlab.eval.analysis.pruning import write_pruning_csv
-from attnlab.eval.analysis.sinks import entropy_lines, row_entropy
+from attnlab.eval.analysis.sinks import entropy_lines, row_entropy, sink_epsilon
 from attnlab.models import GPT, ModelConfig
 from attnlab.nn_utils import forward_hooks
 from attnlab.runs import OptimSpec
@@ -387,6 +387,97 @@ def test_attention_entropy_of_forced_uniform_and_signed_attention() -> None:
     assert entropy_lines(none) == ["  attention entropy       - (no row with any attention weight)"]
 
 
+def hand_made_maps(sinking: dict[int, set[int]], on_first: float = 0.9, in_even_rows_only: int | None = None):
+    """Per layer, a ``probabilities`` that ignores the scores: uniform causal rows, except the heads ``sinking[layer]``,
+    whose rows put ``on_first`` on key 0 and spread the rest evenly over the other visible keys (query 0: all on key
+    0); the head ``in_even_rows_only`` sinks in the even rows of a batch only."""
+
+    def for_layer(layer: int):
+        def probabilities(scores: torch.Tensor) -> torch.Tensor:
+            rows, heads, t, _ = scores.shape
+            causal = torch.ones(t, t).tril()
+            uniform = causal / causal.sum(dim=-1, keepdim=True)
+            rest = causal.clone()
+            rest[:, 0] = 0
+            sink = rest / rest.sum(dim=-1, keepdim=True).clamp_min(1) * (1 - on_first)
+            sink[:, 0] = on_first
+            sink[0, 0] = 1.0
+            maps = uniform.expand(rows, heads, t, t).clone()
+            for head in sinking.get(layer, set()):
+                chosen = range(0, rows, 2) if head == in_even_rows_only else range(rows)
+                maps[list(chosen), head] = sink
+            return maps
+
+        return probabilities
+
+    return for_layer
+
+
+def test_sink_epsilon_is_the_share_of_heads_whose_mean_first_token_attention_exceeds_eps() -> None:
+    """Gu et al.'s Sink^eps on hand-made maps: 3 of 8 heads put 0.9 on the first key, so 3/8; a uniform head's mean
+    is their mean over all T queries (query 0 included) of 1/(q + 1), under eps = 0.3 at T = 16; a head that sinks in
+    half the windows counts half; only the first ``window`` tokens of a row are read, at most ``max_windows`` rows."""
+    model, window = tiny(), 16
+    make = hand_made_maps({0: {0}, 1: {2, 3}})
+    for i, block in enumerate(model.blocks):
+        block.attn.variant.probabilities = make(i)
+    batch = rows(6, T)  # 24 tokens a row: the windows are the first 16
+    result = sink_epsilon(model, batch, epsilon=0.3, window=window)
+    assert result["sink_epsilon"] == pytest.approx(3 / 8) and result["windows"] == 6
+    assert result["sink_epsilon_per_layer"] == pytest.approx([1 / 4, 2 / 4])
+    uniform = sum(1 / (q + 1) for q in range(window)) / window
+    sink = (1 + 0.9 * (window - 1)) / window
+    first, second = result["first_token_share_per_head"]
+    assert first == pytest.approx([sink, uniform, uniform, uniform])
+    assert second == pytest.approx([uniform, uniform, sink, sink])
+    assert result["sink_epsilon_per_head"] == [[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 1.0]]
+    # a head just under eps does not count; just over, it does (on_first is the mean's main term)
+    for on_first, expected in ((0.2, 0.0), (0.35, 3 / 8)):
+        make = hand_made_maps({0: {0}, 1: {2, 3}}, on_first=on_first)
+        for i, block in enumerate(model.blocks):
+            block.attn.variant.probabilities = make(i)
+        assert sink_epsilon(model, batch, window=window)["sink_epsilon"] == pytest.approx(expected)
+    # head 3 of layer 1 sinks in the even rows only: half its windows; at most 4 windows are read (2 of them even)
+    make = hand_made_maps({0: {0}, 1: {2, 3}}, in_even_rows_only=3)
+    for i, block in enumerate(model.blocks):
+        block.attn.variant.probabilities = make(i)
+    result = sink_epsilon(model, [batch[:4], batch[4:]], window=window, max_windows=4)
+    assert result["windows"] == 4 and result["sink_epsilon_per_head"][1] == [0.0, 0.0, 1.0, 0.5]
+    assert result["sink_epsilon"] == pytest.approx(2.5 / 8)
+    with pytest.raises(ValueError, match="16 tokens"):
+        sink_epsilon(model, batch[:, :12], window=window)
+    assert all(not b.attn.record_probabilities and b.attn.probabilities is None for b in model.blocks)
+
+
+def make_heads_dormant(model: GPT, on_first: float = -2.0, elsewhere: float = -12.0) -> None:
+    """Hand-made scores of a head with nothing to read (Gu et al.'s and Guo et al.'s dormant head): every query scores
+    every key low, the first key a little less low; the causal mask and each variant's own normalisation still run."""
+
+    def scores(q: torch.Tensor, k: torch.Tensor, hook) -> torch.Tensor:
+        made = torch.full((q.shape[0], q.shape[1], q.shape[2], k.shape[2]), elsewhere)
+        made[..., 0] = on_first
+        return hook("scores", made)
+
+    for block in model.blocks:
+        block.attn.variant.scaled_scores = scores
+
+
+@pytest.mark.parametrize(("attention", "expected"), [("vanilla", 1.0), ("sink", 0.0), ("sigmoid", 0.0)])
+def test_a_dormant_head_sinks_on_the_first_token_only_where_its_row_must_sum_to_one(
+    attention: str, expected: float
+) -> None:
+    """The controls of Gu et al. (their model-architecture experiments): the same dormant scores give softmax a
+    first-token sink in every head (its rows must put their mass somewhere), while the learnable per-head key logit of
+    ``sink`` (at its init, 0) takes the mass off the first token and unnormalised ``sigmoid`` attends to nothing:
+    Sink^eps 1, 0, 0."""
+    model = tiny(attention)
+    make_heads_dormant(model)
+    result = sink_epsilon(model, rows(4, T), window=16)
+    assert result["sink_epsilon"] == expected
+    shares = torch.tensor(result["first_token_share_per_head"])
+    assert bool((shares > 0.9).all()) if expected else bool((shares < 0.15).all())
+
+
 def test_first_token_share_of_forced_and_uniform_attention() -> None:
     forced, batch = tiny(), rows(2)
     force_attention_to_first_key(forced)
@@ -618,6 +709,23 @@ def test_run_analysis_writes_every_applicable_file(attention: str, tokenizer, tm
     assert ("gate value" in printed) == (attention == "gated_sdpa")
 
 
+def test_sink_epsilon_runs_where_rows_hold_its_window_and_draws_the_heads(tokenizer, tmp_path: Path) -> None:
+    """``sink_epsilon`` in ``run_analysis``: on 64-token rows its headline, section, printout line and the per-head
+    figure; on a model whose context is shorter than the window it is left out (another T is another metric)."""
+    tok, text = tokenizer
+    cfg = {"texts": [text], "eval_max_tokens": 640, "metrics": ["sink_epsilon"], "sink_windows": 6}
+    for block_size, runs in ((64, True), (32, False)):
+        config = ModelConfig(n_layer=2, n_head=2, n_embd=16, block_size=block_size, vocab_size=tok.get_vocab_size())
+        torch.manual_seed(0)
+        out = tmp_path / str(block_size)
+        result = run_analysis(GPT(config, {"name": "vanilla"}), tok, out, cfg)
+        assert ("sink_epsilon" in result["summary"]) == runs and ("sink_heads.png" in result["files"]) == runs
+        assert (out / "sink_heads.png").exists() == runs and ("Sink^eps" in format_summary(result)) == runs
+    assert result is not None and "sink_epsilon" not in result
+    saved = json.loads((tmp_path / "64" / "analysis.json").read_text())
+    assert saved["sink_epsilon"]["windows"] == 6 and len(saved["sink_epsilon"]["sink_epsilon_per_head"]) == 2
+
+
 def test_w8a8_metric_says_which_rows_it_calibrated_on(tokenizer, tmp_path: Path) -> None:
     cfg = {"eval_tokens": rows(4, T).flatten(), "metrics": ["w8a8"], "batch_size": 2, "seq_len": T}
     evaluation = run_analysis(tiny(), tokenizer[0], tmp_path, cfg)
@@ -676,6 +784,25 @@ def test_the_outlier_monitor_reads_the_validation_forwards_of_its_first_batches(
     expected = activation_outliers(model, batches[:2])
     assert logged == pytest.approx({f"outliers/{key}": expected[key] for key in OutlierMonitor.LOGGED})
     assert not any(getattr(m, "_forward_hooks", None) for m in model.modules())  # every hook removed
+
+
+def test_the_outlier_monitor_logs_sink_epsilon_on_rows_as_long_as_its_window() -> None:
+    """Rows of at least Gu et al.'s 64 tokens: ``sinks/sink_epsilon`` and one line per layer, ``sink_epsilon`` of the
+    monitored inputs; shorter rows log none (the window would be another metric)."""
+
+    from attnlab.eval.analysis.monitor import OutlierMonitor
+
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=61, block_size=64), {"name": "vanilla"}).eval()
+    make = hand_made_maps({1: {0}})
+    model.blocks[1].attn.variant.probabilities = make(1)  # one head of four sinks
+    rows = [torch.randint(0, 61, (3, 65)) for _ in range(3)]
+    logged = validated(model, OutlierMonitor(batches=2, sinks=True), rows)
+    expected = sink_epsilon(model, [row[:, :-1] for row in rows[:2]])
+    assert logged["sinks/sink_epsilon"] == pytest.approx(expected["sink_epsilon"]) == pytest.approx(1 / 4)
+    assert [logged[f"sinks/sink_epsilon_layer{i}"] for i in range(2)] == pytest.approx([0.0, 0.5])
+    short = validated(model, OutlierMonitor(batches=2, sinks=True), [row[:, :21] for row in rows])
+    assert "sinks/sink_share" in short and "sinks/sink_epsilon" not in short
 
 
 def test_the_outlier_monitor_logs_the_sink_share_of_the_same_batches_when_asked() -> None:

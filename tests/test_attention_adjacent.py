@@ -1,4 +1,4 @@
-"""The adjacent variants (spec section 9) against their reference code on the same tensors, fp32, values and
+"""The adjacent variants against their reference code on the same tensors, fp32 (and float64 at the end), values and
 gradients: gpt-oss's ``sdpa`` (sink), softpick's ``naive_softpick_attn``, ml-sigmoid-attention's ``Attention``
 (sigmoid), transformers' Qwen3 / OLMo 2 attention (qk_norm), and the SSMax paper's formula (no official code).
 The fixtures port the references line by line (only batch / layout glue added); each cites repo, path and commit."""
@@ -51,6 +51,12 @@ def context(t_q: int, t_k: int, alibi: bool = False) -> tuple[torch.Tensor | Non
     return ctx.mask(t_q, t_k, torch.float32)
 
 
+def wide(x: torch.Tensor) -> torch.dtype:
+    """A reference's casts to fp32 (``.float()``), written for fp32 and half inputs, kept wider for float64 ones:
+    the same dtype below float64, and a float64 check that is not rounded to fp32."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
 # --- sink: openai/gpt-oss gpt_oss/torch/model.py `sdpa`, commit 7b583341fe16729127f6d5b94a7b09ccae97e1a1 ---
 
 
@@ -77,11 +83,12 @@ def gpt_oss_sdpa(Q, K, V, S, sm_scale, sliding_window=0):
 
 def gpt_oss_batched(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
     """Glue: gpt-oss's (tokens, KV, q_mult, d_h) layout has no batch; its head h = kv * q_mult + m is ours."""
+    heads, kv, dh = q.shape[1], k.shape[1], q.shape[-1]
     outs = []
     for b in range(q.shape[0]):
-        query = q[b].transpose(0, 1).reshape(q.shape[2], KV, H // KV, DH)
-        outs.append(gpt_oss_sdpa(query, k[b].transpose(0, 1), v[b].transpose(0, 1), sinks, 1 / math.sqrt(DH)))
-    return torch.stack(outs).view(q.shape[0], q.shape[2], H, DH).transpose(1, 2)
+        query = q[b].transpose(0, 1).reshape(q.shape[2], kv, heads // kv, dh)
+        outs.append(gpt_oss_sdpa(query, k[b].transpose(0, 1), v[b].transpose(0, 1), sinks, 1 / math.sqrt(dh)))
+    return torch.stack(outs).view(q.shape[0], q.shape[2], heads, dh).transpose(1, 2)
 
 
 @pytest.mark.parametrize("chunk_size", [1, 4, 64])
@@ -145,7 +152,7 @@ def naive_softpick_attn(q, k, v, scale=None):
     wei = torch.matmul(q, k.transpose(2, 3))  # shape: (batch_size, num_heads, q_len, k_len)
     wei = wei * scale
     wei = wei.masked_fill(mask[k_len - q_len : k_len, :k_len] == 0, float("-inf"))
-    wei = softpick_reference(wei.float(), dim=-1).to(q.dtype)
+    wei = softpick_reference(wei.to(wide(wei)), dim=-1).to(q.dtype)  # (.float() in the source: see wide)
     o = torch.matmul(wei, v)  # shape: (batch_size, num_heads, q_len, head_dim)
     return o, wei
 
@@ -303,3 +310,103 @@ def test_no_score_matrix_is_kept_for_backward(name: str) -> None:
     with torch.autograd.graph.saved_tensors_hooks(record, lambda saved: saved):
         layer.reference_attention(q, k, v, None, True)
     assert max(sizes) >= 2 * H * t * t  # the check above could fail
+
+
+# --- float64, on shapes the tests above do not use: B=3, T=37, 6 heads of 12, GQA with 2 and 3 KV heads ---
+
+B64, T64, H64, DH64 = 3, 37, 6, 12
+
+
+def shape64(kv: int, block_size: int = 64) -> AttentionShape:
+    return AttentionShape(n_embd=H64 * DH64, n_head=H64, n_kv_head=kv, head_dim=DH64, block_size=block_size)
+
+
+def qkv64(kv: int, t_q: int = T64, t_k: int = T64) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(4)
+    return tuple(
+        (2 * torch.randn(B64, heads, t, DH64, generator=g, dtype=torch.float64)).requires_grad_()
+        for heads, t in ((H64, t_q), (kv, t_k), (kv, t_k))
+    )
+
+
+def assert_float64_close(ours: tuple[torch.Tensor, ...], theirs: tuple[torch.Tensor, ...]) -> None:
+    for index, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+        assert a.dtype == torch.float64
+        torch.testing.assert_close(a, b, atol=1e-11, rtol=1e-11, msg=lambda m, i=index: f"output/grad {i}: {m}")
+
+
+@pytest.mark.parametrize("kv", [2, 3])
+@pytest.mark.parametrize("name", ["sink", "softpick", "sigmoid", "clipped_softmax"])
+@pytest.mark.parametrize("path", ["attend", "reference_attention"])
+def test_explicit_maps_match_their_references_in_float64(name: str, kv: int, path: str) -> None:
+    """gpt-oss's sink, softpick's and ml-sigmoid-attention's references (keys repeated per query head: the last two
+    have no GQA) and clipped softmax's formula (Bondarenko et al. eq. 4), float64 values and gradients."""
+    layer = build_variant({"name": name, "chunk_size": 5}, shape64(kv)).double()
+    if name == "sink":
+        with torch.no_grad():
+            layer.sinks.copy_(torch.linspace(-1.0, 2.0, H64, dtype=torch.float64))
+    q, k, v = qkv64(kv)
+    inputs = (q, k, v, *layer.parameters())
+    if path == "attend":
+        ours = values_and_grads(layer.attend(q, k, v, None, True, 0.0), inputs)
+    else:
+        ours = values_and_grads(layer.reference_attention(q, k, v, None, True)[0], inputs)
+    keys, values = (x.repeat_interleave(H64 // kv, dim=1) for x in (k, v))
+    visible = torch.ones(T64, T64, dtype=torch.bool).tril()
+    if name == "sink":
+        theirs = gpt_oss_batched(q, k, v, layer.sinks)
+    elif name == "softpick":
+        theirs = naive_softpick_attn(q, keys, values)[0]
+    elif name == "sigmoid":
+        theirs = sigmoid_attention_reference(q, keys, values, visible, -math.log(64))[0]
+    else:  # clip((zeta - gamma) softmax(s) + gamma, 0, 1) with gamma = -alpha / T_ctx = -12 / 64
+        scores = (q @ keys.transpose(-2, -1) / math.sqrt(DH64)).masked_fill(~visible, float("-inf"))
+        theirs = torch.clamp((1 + 12 / 64) * torch.softmax(scores, dim=-1) - 12 / 64, 0, 1) @ values
+    assert_float64_close(ours, values_and_grads(theirs, inputs))
+
+
+@pytest.mark.parametrize("kv", [2, 3])
+@pytest.mark.parametrize("start_pos", [0, 37])
+def test_ssmax_matches_the_papers_formula_in_float64(kv: int, start_pos: int) -> None:
+    """n_t = t + 1 in float64 too (its log rounded through fp32 would be off by 1e-8 relative)."""
+    ssmax = build_variant({"name": "ssmax"}, shape64(kv)).double()
+    with torch.no_grad():
+        ssmax.s.copy_(torch.linspace(0.2, 2.5, H64, dtype=torch.float64))
+    t_k = start_pos + T64
+    q, k, v = qkv64(kv, T64, t_k)
+    ctx = AttentionContext(positions=torch.arange(start_pos, t_k))
+    new_q, _, _ = ssmax.transform_qkv(torch.zeros(B64, T64, H64 * DH64), q, k, v, ctx)
+    mask, is_causal = ctx.mask(T64, t_k, torch.float64)
+    inputs = (q, k, v, ssmax.s)
+    ours = values_and_grads(ssmax.attend(new_q, k, v, mask, is_causal, 0.0), inputs)
+    keys, values = (x.repeat_interleave(H64 // kv, dim=1) for x in (k, v))
+    log_n = torch.arange(start_pos + 1, t_k + 1, dtype=torch.float64).log()
+    scores = (q @ keys.transpose(-2, -1)) / math.sqrt(DH64) * (ssmax.s.view(1, H64, 1, 1) * log_n.view(1, 1, T64, 1))
+    visible = torch.arange(t_k)[None, :] <= torch.arange(start_pos, t_k)[:, None]
+    expected = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1) @ values
+    assert_float64_close(ours, values_and_grads(expected, inputs))
+
+
+@pytest.mark.parametrize("kv", [2, 3])
+@pytest.mark.parametrize("scope", ["head", "projection"])
+def test_qk_norm_matches_the_rms_norm_formula_in_float64(kv: int, scope: str) -> None:
+    """q / rms(q) * w and the same for k, per head (Qwen3) or over the projection (OLMo 2), in float64: transformers'
+    own RMSNorm casts to fp32, so the float64 check is the formula the fp32 test above ties to it."""
+    layer = build_variant({"name": "qk_norm", "scope": scope}, shape64(kv)).double()
+    with torch.no_grad():
+        for norm in (layer.q_norm, layer.k_norm):
+            norm.weight.add_(0.3 * torch.randn_like(norm.weight))
+    q, k, v = qkv64(kv)
+    new_q, new_k, _ = layer.transform_qkv(None, q, k, v, AttentionContext(positions=torch.arange(T64)))
+    inputs = (q, k, layer.q_norm.weight, layer.k_norm.weight)
+    ours = values_and_grads(torch.cat([new_q.flatten(1, 2), new_k.flatten(1, 2)], dim=1), inputs)
+
+    def rms_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if scope == "head":
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * weight
+        flat = x.transpose(1, 2).flatten(2)  # (B, T, heads * d_h)
+        normed = flat * torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + 1e-6) * weight
+        return normed.view(B64, T64, -1, DH64).transpose(1, 2)
+
+    expected = torch.cat([rms_norm(q, inputs[2]).flatten(1, 2), rms_norm(k, inputs[3]).flatten(1, 2)], dim=1)
+    assert_float64_close(ours, values_and_grads(expected, inputs))

@@ -61,7 +61,7 @@ def test_flex_forward_equals_the_reference_path(name: str, pos_encoding: str) ->
         torch.testing.assert_close(flex(idx), reference(idx), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["vanilla", "clipped_softmax", "fox"])
+@pytest.mark.parametrize("name", ["vanilla", "clipped_softmax", "fox", "fox_pro"])
 def test_kv_cache_decoding_on_flex_equals_the_full_forward(name: str) -> None:
     """A decoding step (one query over cached keys) runs the variant's own path: the same math."""
     flex, _ = twins(name, "learned", "flex")
@@ -166,18 +166,19 @@ def test_clipped_softmax_rows_clipped_to_nothing_give_zero_not_nan(flex_backward
 
 
 @pytest.mark.parametrize("alibi", [False, True], ids=["causal", "alibi"])
-@pytest.mark.parametrize("name", ["sink", "sigmoid", "fox"])
+@pytest.mark.parametrize("name", ["sink", "sigmoid", "fox", "fox_pro"])
 def test_score_mod_variants_equal_their_exact_path_with_gradients(
     flex_backward_on_cpu: None, name: str, alibi: bool
 ) -> None:
     """The sink through flex's log-sum-exp, sigmoid's unnormalised weights, FoX's decay as a captured cumulative sum:
-    gradients reach q, k, v and the variant's own parameters (sinks; the forget gate through the captured c)."""
+    gradients reach q, k, v and the variant's own parameters (sinks; the forget gate through the captured c; the Pro
+    block's shifts and norms, all but the output norm and gate, which act after the attention)."""
     v = variant(name, **({"sink_init": 0.5} if name == "sink" else {}))
     q, k, val = qkv(scale=1.0)
-    params = tuple(v.parameters())
-    if name == "fox":  # keys carry log f, and with it the gate's gradient
+    params = tuple(p for n, p in v.named_parameters() if not n.startswith("output_"))
+    if name.startswith("fox"):  # keys carry log f, and with it the gate's gradient (values their shift, in fox_pro)
         x = torch.randn(2, T, H * DH, generator=torch.Generator().manual_seed(3))
-        _, k, _ = v.transform_qkv(x, q, k, val, AttentionContext(positions=torch.arange(T)))
+        q, k, val = v.transform_qkv(x, q, k, val, AttentionContext(positions=torch.arange(T)))
     flex, exact = both_paths(v, q, k, val, alibi, params)
     assert all(g.abs().sum() > 0 for g in flex[1:])
     assert_all_close(flex, exact)

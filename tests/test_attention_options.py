@@ -117,11 +117,13 @@ def expected_overhead(attention: dict, c: dict) -> int:
     if o.name.startswith("gated_"):
         gates = 1 if o.share_across_heads else (kv if o.position in ("key", "value") else h)
         width = dh if o.granularity == "elementwise" else 1
-        return n_layer * (d + 1) * gates * width
-    if o.name == "fox":
-        return n_layer * h * (d + 1)  # forget gate: Linear(d, H) with bias
-    if o.name == "diff":
-        return n_layer * 4 * dh  # lambda_q1, lambda_k1, lambda_q2, lambda_k2 (the RMSNorm has no weight)
+        return n_layer * (d + o.gate_bias) * gates * width
+    if o.name.startswith("fox"):
+        shifts = (o.key_shift + o.value_shift) * d * kv  # Linear(d, KV) without bias each
+        norms = o.qk_norm * (h + kv) * dh + o.output_norm * h * dh  # a weight per head and feature
+        return n_layer * (h * (d + 1) + shifts + norms + o.output_gate * d * h * dh)  # forget gate Linear(d, H)
+    if o.name == "diff":  # lambda_q1, lambda_k1, lambda_q2, lambda_k2, and the RMSNorm's weight of 2 d_h if affine
+        return n_layer * (4 * dh + o.subln_affine * 2 * dh)
     if o.name == "temp_lookup":
         return n_layer * h * o.num_groups
     if o.name in ("sink", "softmax1"):
@@ -154,6 +156,9 @@ OVERHEAD_CASES = [{"name": n} for n in available_attention()] + [
     {"name": "ssa_feature", "components": ["q", "k", "v"]},
     {"name": "sink", "sink_logit": "fixed"},
     {"name": "qk_norm", "scope": "projection"},
+    {"name": "fox", "key_shift": True, "output_norm": True},
+    {"name": "diff", "subln_affine": False},
+    {"name": "gated_sdpa", "gate_bias": False, "granularity": "headwise"},
 ]
 
 
@@ -188,7 +193,8 @@ def test_gpt2_124m_overheads() -> None:
     assert gpt2_overhead({"name": "qk_norm"})[0] == 12 * 2 * 64  # one d_h weight for q, one for k
     assert gpt2_overhead({"name": "qk_norm_projection"})[0] == 12 * 2 * 768
     assert gpt2_overhead({"name": "fox"})[0] == 12 * 12 * (768 + 1)  # forget gate Linear(d, H)
-    assert gpt2_overhead({"name": "diff"})[0] == 12 * 4 * 64  # four lambda vectors of d_h
+    assert gpt2_overhead({"name": "diff"})[0] == 12 * 6 * 64  # four lambda vectors of d_h, the norm's 2 d_h weight
+    assert gpt2_overhead({"name": "diff", "subln_affine": False})[0] == 12 * 4 * 64
 
 
 def test_old_temperature_lr_key_reads_as_variant_lr():

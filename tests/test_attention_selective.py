@@ -47,26 +47,37 @@ def qkv(t: int, kv: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
     return tuple((2 * torch.randn(2, n, t, DH, generator=g)).requires_grad_() for n in (H, kv, kv))
 
 
-@pytest.mark.parametrize("kv", [H, KV], ids=["mha", "gqa"])
+# (batch, T, heads, head_dim, dtype, tolerance): the fp32 case, and float64 on shapes the other tests do not use
+CASES = {"fp32": (2, 13, H, DH, torch.float32, 1e-5), "float64": (3, 37, 6, 12, torch.float64, 1e-12)}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("kv_heads", ["mha", "gqa", "gqa3"])
 @pytest.mark.parametrize("path", ["attend", "reference_attention"])
-def test_matches_the_reference_port(kv: int, path: str) -> None:
-    """fp32 values and gradients on identical tensors (GQA: the port on the keys repeated per query head)."""
-    variant = selective(kv)
-    q, k, v = qkv(13, kv)
-    ctx = AttentionContext(positions=torch.arange(13))
-    _, k_with_selector, _ = variant.transform_qkv(torch.zeros(2, 13, H * DH), q, k, v, ctx)
-    mask, is_causal = ctx.mask(13, 13, torch.float32)
+def test_matches_the_reference_port(kv_heads: str, path: str, case: str) -> None:
+    """Values and gradients on identical tensors (GQA: the port on the keys repeated per query head)."""
+    batch, t, heads, dh, dtype, tolerance = CASES[case]
+    kv = {"mha": heads, "gqa": 2, "gqa3": 3}[kv_heads]
+    if heads % kv:
+        pytest.skip(f"{heads} heads do not split into {kv} KV heads")
+    shape = AttentionShape(n_embd=heads * dh, n_head=heads, n_kv_head=kv, head_dim=dh, block_size=64)
+    variant = build_variant({"name": "selective"}, shape)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = ((2 * torch.randn(batch, n, t, dh, generator=g, dtype=dtype)).requires_grad_() for n in (heads, kv, kv))
+    ctx = AttentionContext(positions=torch.arange(t))
+    _, k_with_selector, _ = variant.transform_qkv(torch.zeros(batch, t, heads * dh), q, k, v, ctx)
+    mask, is_causal = ctx.mask(t, t, dtype)
     if path == "attend":
         out = variant.attend(q, k_with_selector, v, mask, is_causal, 0.0)
     else:
         out = variant.reference_attention(q, k_with_selector, v, mask, is_causal)[0]
-    groups = H // kv
+    groups = heads // kv
     expected = port_selective(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1))
-    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out, expected, atol=tolerance, rtol=tolerance)
     grads = torch.autograd.grad(out.square().sum(), (q, k, v))
     expected_grads = torch.autograd.grad(expected.square().sum(), (q, k, v))
     for grad, expected_grad in zip(grads, expected_grads, strict=True):
-        torch.testing.assert_close(grad, expected_grad, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(grad, expected_grad, atol=10 * tolerance, rtol=10 * tolerance)
 
 
 def test_selection_changes_attention_and_spares_the_first_token() -> None:

@@ -1,4 +1,5 @@
-"""Stick-breaking attention against a port of the reference, with no position encoding (the only one it takes)."""
+"""Stick-breaking attention against a port of the reference (both ``attend_current`` settings, fp32 and float64), with
+no position encoding (the only one it takes)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,18 @@ from tests.test_attention_variants import build, tiny_config, tokens
 H, KV, DH = 4, 2, 8
 
 
+def wide(x: torch.Tensor) -> torch.dtype:
+    """The reference's cast to fp32 (``.float()``), written for fp32 and half inputs, kept wider for float64 ones:
+    the same dtype below float64, and a float64 check that is not rounded to fp32."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
 def stickbreaking(q, k, v, mask, cum_weight):
-    """shawntan/stickbreaking-attention@3147a3841b025a31d271fc8f873120ff6fa0461b stickbreaking_attention/sb_ref.py,
-    line by line."""
+    """shawntan/stickbreaking-attention@3147a3841b025a31d271fc8f873120ff6fa0461b (2025-03-14)
+    stickbreaking_attention/sb_ref.py, line by line (``.float()`` is ``wide``)."""
     logits = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
     original_dtype = logits.dtype
-    logits = logits.float()
+    logits = logits.to(wide(logits))
     log_z = F.logsigmoid(logits).masked_fill(mask, -1e5).to(original_dtype)
     log_beta = F.logsigmoid(-logits).masked_fill(mask, 0).to(original_dtype)
     re_cum_log_beta = torch.einsum("bhij,jk->bhik", log_beta, cum_weight.to(log_beta))
@@ -29,35 +36,60 @@ def stickbreaking(q, k, v, mask, cum_weight):
     return att @ v, 1 - att.sum(dim=-1)
 
 
-def ref_fwd(q, k, v, length):
-    """Same commit, tests/test_attn.py ``ref_fwd`` at its default ``attend_current=False`` (``.cuda()`` dropped)."""
+def ref_fwd(q, k, v, length, attend_current=False):
+    """Same commit, tests/test_attn.py ``ref_fwd`` (``.cuda()`` dropped)."""
     cm = torch.ones(length, length).tril(-1).to(q)
-    mask = torch.ones(length, length).triu(0).bool()
+    mask = torch.ones(length, length).triu(1 if attend_current else 0).bool()  # the source's if/else on one line
     o, rem = stickbreaking(q, k, v, mask, cm)
     o = o + rem[..., None] * v
     return o
 
 
-def variant(pos: str = "none", kv: int = KV) -> torch.nn.Module:
-    shape = AttentionShape(n_embd=H * DH, n_head=H, n_kv_head=kv, head_dim=DH, block_size=32, pos_encoding=pos)
-    return build_variant({"name": "stickbreaking"}, shape)
+def variant(pos: str = "none", kv: int = KV, heads: int = H, head_dim: int = DH, **options) -> torch.nn.Module:
+    shape = AttentionShape(
+        n_embd=heads * head_dim, n_head=heads, n_kv_head=kv, head_dim=head_dim, block_size=64, pos_encoding=pos
+    )
+    return build_variant({"name": "stickbreaking", **options}, shape)
 
 
-@pytest.mark.parametrize("kv", [H, KV], ids=["mha", "gqa"])
+# (batch, T, heads, head_dim, dtype, tolerance): the fp32 case, and float64 on shapes the other tests do not use
+CASES = {"fp32": (2, 15, H, DH, torch.float32, 1e-5), "float64": (3, 37, 6, 12, torch.float64, 1e-12)}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("attend_current", [False, True])
+@pytest.mark.parametrize("kv_heads", ["mha", "gqa", "gqa3"])
 @pytest.mark.parametrize("path", ["attend", "reference_attention"])
-def test_matches_the_reference(kv: int, path: str) -> None:
-    """fp32 values and gradients on identical tensors (the reference on keys repeated per query head)."""
-    sb = variant(kv=kv)
+def test_matches_the_reference(kv_heads: str, path: str, attend_current: bool, case: str) -> None:
+    """Values and gradients on identical tensors (the reference on keys repeated per query head)."""
+    batch, t, heads, dh, dtype, tolerance = CASES[case]
+    kv = {"mha": heads, "gqa": 2, "gqa3": 3}[kv_heads]
+    if heads % kv:
+        pytest.skip(f"{heads} heads do not split into {kv} KV heads")
+    sb = variant(kv=kv, heads=heads, head_dim=dh, attend_current=attend_current)
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(2, n, 15, DH, generator=g).requires_grad_() for n in (H, kv, kv))
+    q, k, v = (torch.randn(batch, n, t, dh, generator=g, dtype=dtype).requires_grad_() for n in (heads, kv, kv))
     out = sb.attend(q, k, v, None, True, 0.0) if path == "attend" else sb.reference_attention(q, k, v, None, True)[0]
-    groups = H // kv
-    expected = ref_fwd(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), 15)
-    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    groups = heads // kv
+    expected = ref_fwd(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), t, attend_current)
+    torch.testing.assert_close(out, expected, atol=tolerance, rtol=tolerance)
     grads = torch.autograd.grad(out.square().sum(), (q, k, v))
     expected_grads = torch.autograd.grad(expected.square().sum(), (q, k, v))
     for grad, expected_grad in zip(grads, expected_grads, strict=True):
-        torch.testing.assert_close(grad, expected_grad, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(grad, expected_grad, atol=10 * tolerance, rtol=10 * tolerance)
+
+
+def test_attend_current_breaks_the_stick_at_the_own_key_first() -> None:
+    """attend_current: A_ij = beta_ij prod_{j<k<=i} (1 - beta_ik) for j <= i, the leftover still on the diagonal."""
+    scores = torch.randn(1, 1, 6, 6)
+    probs = variant(attend_current=True).probabilities(scores)
+    beta = torch.sigmoid(scores[0, 0])
+    for i in range(6):
+        for j in range(i + 1):
+            expected = beta[i, j] * torch.prod(1 - beta[i, j + 1 : i + 1])
+            leftover = torch.prod(1 - beta[i, : i + 1]) if i == j else 0
+            torch.testing.assert_close(probs[0, 0, i, j], expected + leftover)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(1, 1, 6))
 
 
 def test_probabilities_are_the_stick_breaking_formula() -> None:

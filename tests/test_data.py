@@ -241,3 +241,43 @@ def test_hub_tokenizer_offline_fails_fast_naming_the_key(tmp_path: Path) -> None
     assert err.value.key == "model.tokenizer" and "not in the local cache" in str(err.value)
     with pytest.raises(ConfigError, match=r"no tokenizer\.json"):
         load_pretrained_tokenizer(str(tmp_path))
+
+
+# ---------------------------------------------------------------- Bigram-Backcopy (Guo et al. 2024)
+
+
+def test_backcopy_sequences_follow_the_bigram_except_after_a_trigger_which_copies_the_token_before_it() -> None:
+    """Guo et al.'s rule: the first token is never a trigger; after a trigger (ids below ``triggers``) comes the token
+    before it; any other token is followed by a draw from its bigram row (here: only its two successors)."""
+    from attnlab.data.backcopy import backcopy_sequences
+
+    vocabulary, triggers = 8, 2
+    transition = np.zeros((vocabulary, vocabulary))
+    for token in range(vocabulary):
+        transition[token, [(token + 1) % vocabulary, (token + 3) % vocabulary]] = 0.5
+    marginal = np.full(vocabulary, 1 / vocabulary)
+    sequences = backcopy_sequences(marginal, transition, triggers, count=300, length=40, seed=0)
+    assert sequences.shape == (300, 40) and (sequences[:, 0] >= triggers).all()
+    previous, current, following = sequences[:, :-2], sequences[:, 1:-1], sequences[:, 2:]
+    after_trigger = current < triggers
+    assert after_trigger.mean() > 0.1  # the rule is exercised
+    assert (following[after_trigger] == previous[after_trigger]).all()
+    steps = (following[~after_trigger] - current[~after_trigger]) % vocabulary
+    assert set(np.unique(steps)) == {1, 3}
+
+
+def test_the_bigram_backcopy_option_packs_one_sequence_per_block_bos_first(data_cache: Path) -> None:
+    """``data=bigram_backcopy``: each block is <s> and block_size tokens of one sequence; the held-out analysis
+    regenerates the same held-out sequences from the run's recorded settings."""
+    from attnlab.data.backcopy import bigram_backcopy_datamodule
+    from attnlab.eval.heldout import heldout_dataset
+
+    settings = {"block_size": 16, "train_sequences": 60, "val_sequences": 12, "source": "bigram_backcopy"}
+    datamodule = bigram_backcopy_datamodule(**settings, cache_dir=str(data_cache), batch_size=4)
+    datamodule.prepare()
+    bos = datamodule.tokenizer.token_to_id("<s>")
+    blocks = np.stack([row["input_ids"].numpy() for row in datamodule.train_dataset])
+    assert blocks.shape == (60, 17) and (blocks[:, 0] == bos).all() and not (blocks[:, 1:] == bos).any()
+    held_out = heldout_dataset(data={**settings, "batch_size": 4}, cache_dir=str(data_cache))
+    assert sorted(held_out["test"]["text"]) == sorted(datamodule.validation_documents()["text"])
+    assert len(held_out["test"]) == 12

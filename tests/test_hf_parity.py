@@ -129,8 +129,8 @@ def exact_at_finetune_init(name: str) -> bool:
     """Whether the spec makes the variant's fine-tune init the pretrained layer exactly.
 
     Not so: clipped softmax with gamma < 0, value selection's hard rule, and the SSA position / YaRN terms
-    (alpha_ft = -7.4 still adds 6.2e-4 * log n to the temperature), the sink (s_h = sink_init = 0 takes mass; at -inf
-    it is vanilla but learns nothing). Those are compared at their neutral setting instead; the variants in
+    (alpha_ft = -7.4 still adds 6.11e-4 * log n to the temperature), the sink (s_h = sink_init = 0 takes mass; at
+    -inf it is vanilla but learns nothing). Those are compared at their neutral setting instead; the variants in
     ``NO_NEUTRAL_SETTING`` are skipped.
     """
     options = asdict(resolve_options({"name": name})[1])
@@ -147,6 +147,7 @@ def exact_at_finetune_init(name: str) -> bool:
 NOT_FROM_PRETRAINED = {
     "selective": "a parameter-free rule with no neutral setting",
     "fox": "its forget gate is 1 only at an infinite bias, and it refuses rotary",
+    "fox_pro": "fox's reasons, and its q/k and output norms change the layer at any weight",
     "stickbreaking": "it takes no position encoding",
     "diff": "a different attention rule at every parameter value (the difference of two maps, normed)",
 }

@@ -249,7 +249,7 @@ def test_effects_bars_are_the_differences_with_their_whiskers_and_verdict_colour
     assert second.patches[0].get_facecolor()[:3] == matplotlib.colors.to_rgb(plots.VERDICT_COLOURS["reproduces"])
     assert second.patches[1].get_facecolor()[:3] == matplotlib.colors.to_rgb(plots.UNJUDGED_COLOUR)
     shown = texts(fig)
-    assert "no paper direction to judge" in shown and "a paper's claim: inconclusive (Holm)" in shown
+    assert "no paper direction to judge" in shown and "a paper's claim: unresolved (Holm)" in shown
     assert "whiskers: 95% t-interval" in fig.get_suptitle() and colliding_text(fig) == []
     # two bars are no "most bars": a 2,000x ratio stays on a linear axis (symlog ticks crowded around 0 here)
     two = plots.EffectPanel(

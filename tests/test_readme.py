@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from experiments import readme_sample, report
+from experiments import readme_numbers, readme_sample, report
 
 from attnlab.errors import ConfigError
 from tests.conftest import ROOT
@@ -65,7 +65,8 @@ def test_the_overview_states_each_phenomenon_and_what_survives_holm(tmp_path: Pa
     (table / "effects.csv").write_text(
         "stage,row,attention,column,diff_pct,paper_pct,verdict,verdict_holm\n"
         "finetune,GPT2,ssa,wikitext,-0.0041,-2.7,reproduces,reproduces\n"
-        "finetune,GPT2,gated,wikitext,1.53,-4.1,opposite,inconclusive\n"
+        "finetune,GPT2,gated,wikitext,1.53,-4.1,opposite,unresolved\n"
+        "finetune,GPT2,temp_q,wikitext,0.2,-4.1,smaller than the paper's,smaller than the paper's\n"
     )
     pruning = tmp_path / "results" / "pruning" / "cpu"
     pruning.mkdir(parents=True)
@@ -83,7 +84,7 @@ def test_the_overview_states_each_phenomenon_and_what_survives_holm(tmp_path: Pa
     assert (
         "| table9 | [cpu](results/table9/cpu/) (partial: 4 of 6 cells) "
         "| outliers: **present/absent** (pretrain kurtosis_max 80; finetune kurtosis_max 20); "
-        "attention sink: **not measured** | 1 / 0 / 1 | `ssa` wikitext: -0.004% (paper -2.7%), reproduces |"
+        "attention sink: **not measured** | 1 / 0 / 1 / 1 | `ssa` wikitext: -0.004% (paper -2.7%), reproduces |"
     ) in lines
     with pytest.raises(ConfigError, match=r"README\.md: an <!-- overview"):
         report.readme_with_overview("no block\n", tmp_path / "results", root=tmp_path)
@@ -132,3 +133,39 @@ def test_make_train_still_prints_the_recorded_numbers(tmp_path: Path) -> None:
     else:
         cpu, expected = found
         assert f"{results['val_ppl']:.1f}" == f"{expected['val_ppl']:.1f}", f"recorded for {cpu}: {expected}"
+
+
+def test_every_number_a_reading_quotes_is_in_the_committed_results() -> None:
+    """The readings' signed percentages, intervals and p-values come from the tables' files, checked by a script
+    (experiments/readme_numbers.py), not by eye."""
+    found = readme_numbers.check((ROOT / "README.md").read_text(), ROOT / "experiments" / "results")
+    assert found == [], "\n".join(map(str, found))
+
+
+def test_a_quoted_number_that_is_in_no_file_is_named(tmp_path: Path) -> None:
+    """Hand-made results: an interval off in its last digit, a p-value no test gave and a percentage are named with
+    their line; the right ones, a number marked as not from a table and a reading of no engine table pass."""
+    results = tmp_path / "experiments" / "results"
+    (tmp_path / "experiments" / "conf" / "table").mkdir(parents=True)
+    (tmp_path / "experiments" / "conf" / "table" / "t9.yaml").write_text("name: t9\n")
+    (results / "t9" / "cpu").mkdir(parents=True)
+    (results / "t9" / "cpu" / "effects.csv").write_text(
+        "stage,row,attention,column,diff,ci_low,ci_high,p,diff_pct,paper_pct,p_holm\n"
+        "pre,R,a,ppl,-2.0,-3.04,-0.96,0.0123,-10.0,-6.4,0.0492\n"
+    )
+    (results / "t9" / "cpu" / "runs.csv").write_text(
+        "stage,row,attention,seed,ppl\npre,R,vanilla,1,20.0\npre,R,a,1,18.0\npre,R,vanilla,2,20.0\npre,R,a,2,18.0\n"
+    )
+    readme = (
+        "<!-- reading: t9 -->\n"
+        "a -10.0% [-3.04, -0.96] (paper -6.4%), p 0.0123, Holm p 0.0492\n"
+        "a [-3.1, -0.96] and p 0.013 and +12.5%\n"
+        "a run took +7% longer (not from a table)\n"
+        "<!-- /reading -->\n<!-- reading: bench -->\n+99.9%\n<!-- /reading -->\n"
+    )
+    found = [str(m) for m in readme_numbers.check(readme, results)]
+    assert found == [
+        "README.md:3: percentage +12.5% is in none of the reading's tables' files",
+        "README.md:3: p-value 0.013 is in none of the reading's tables' files",
+        "README.md:3: interval bound -3.1 [-3.1, -0.96] is in none of the reading's tables' files",
+    ]

@@ -437,12 +437,18 @@ def test_the_ssa_effect_is_paired_by_seed_with_an_interval_and_a_verdict() -> No
 
     # seed to seed the models differ by more than they differ from each other: pairing is what resolves it
     lower = paired_effects(runs([0.009, 0.0188, 0.0291]), paper_numbers.TABLE1)
-    assert "CE - H(P*): -0.00103" in lower and "lower in 3 of 3 seeds; paper -0.0036: **reproduces**" in lower
+    assert "CE - H(P*): -0.00103" in lower and "lower in 3 of 3 seeds; paper -0.0036; p 0.0" in lower
+    assert ": **reproduces**; after Holm over the table's 1 tested comparison(s)" in lower
     higher = paired_effects(runs([0.011, 0.0212, 0.0309]), paper_numbers.TABLE1)
-    assert "paper -0.0036: **opposite**" in higher
+    assert "paper -0.0036; p 0.0" in higher and ": **opposite**;" in higher
     mixed = paired_effects(runs([0.009, 0.021, 0.030]), paper_numbers.TABLE1)
-    assert "lower in 1 of 3 seeds; paper -0.0036: **inconclusive**" in mixed
-    assert "sum |G - P*|: +0, 95% interval [+0, +0]" in mixed and "paper -0.185: **inconclusive**" in mixed
+    kl, err = mixed.splitlines()[2:4]
+    # the interval holds 0 and excludes the paper's -0.0036
+    assert "lower in 1 of 3 seeds; paper -0.0036" in kl and kl.endswith("**smaller than the paper's**")
+    # no difference at all: identical seeds, nothing tested
+    assert "sum |G - P*|: +0, 95% interval [+0, +0]" in err and err.endswith(
+        "paper -0.185: **identical** (every seed's difference is 0: nothing to test)"
+    )
     assert paired_effects({"ssa": runs([0.0, 0.0, 0.0])["ssa"]}, paper_numbers.TABLE1) == ""
 
 

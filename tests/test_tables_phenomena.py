@@ -1,4 +1,4 @@
-"""Phenomenon checks and Holm-corrected verdicts, on hand-made numbers."""
+"""Phenomenon checks and the four verdicts, raw and corrected over a paper's family, on hand-made numbers."""
 
 from __future__ import annotations
 
@@ -6,46 +6,113 @@ import math
 
 import pandas as pd
 import pytest
+from statsmodels.stats.multitest import multipletests
 
 from attnlab.errors import ConfigError
 from attnlab.tables.collect import (
     ABSENT,
-    INCONCLUSIVE,
     NO_PAPER_VALUE,
     NOT_MEASURED,
-    OPPOSITE,
     PRESENT,
-    REPRODUCES,
     effects,
-    holm,
-    paired_interval,
-    paired_p_value,
     phenomena,
+    raw_effects,
     seeds_label,
     seeds_needed,
     summarise,
     to_markdown,
     with_derived,
 )
+from attnlab.tables.stats import (
+    IDENTICAL,
+    OPPOSITE,
+    REPRODUCES,
+    SMALLER,
+    UNRESOLVED,
+    decide,
+    paired_test,
+    step_down,
+)
 
 
-def test_paired_p_value_agrees_with_the_interval() -> None:
-    """p < 0.05 exactly when the 95% interval excludes 0 (the same t-test)."""
+def test_the_p_value_agrees_with_the_interval_and_matches_a_hand_computation() -> None:
+    """p < 0.05 exactly when the 95% interval excludes 0 (the same t-test), and p paper < 0.05 exactly when it
+    excludes the paper's effect on the paper's side."""
     for diffs in ([-1.0, -1.2, -0.9], [-1.0, 1.5, 0.2], [0.1, 0.3, 0.2, 0.25], [0.5, -0.1, 0.4, 0.3, 0.6]):
-        _, low, high = paired_interval(diffs)
-        assert (paired_p_value(diffs) < 0.05) == (not low <= 0 <= high)
+        for paper in (-2.0, -0.5, 0.3, 1.0):
+            tested = paired_test(diffs, [0.0] * len(diffs), paper)
+            assert (tested.p < 0.05) == (not tested.low <= 0 <= tested.high)
+            beyond = tested.low > paper if paper < 0 else tested.high < paper
+            assert (tested.p_paper < 0.05) == beyond, (diffs, paper)
     # by hand: mean -1.0333, sd 0.15275, t = -11.72 on 2 degrees of freedom, two-sided p = 0.0072
-    assert math.isclose(paired_p_value([-1.0, -1.2, -0.9]), 0.0072, rel_tol=1e-2)
-    assert paired_p_value([0.4]) == 1.0
-    assert paired_p_value([0.2, 0.2, 0.2]) < 1e-12 and paired_p_value([0.0, 0.0]) == 1.0
+    tested = paired_test([0.0, -0.2, 0.1], [1.0, 1.0, 1.0], paper_effect=-3.0)
+    assert math.isclose(tested.p, 0.0072, rel_tol=1e-2)
+    # against -3: t = (-1.0333 + 3) / 0.08819 = 22.30, one-sided p = 0.001 on 2 df, doubled 0.002
+    assert math.isclose(tested.p_paper, 2 * 0.0010, rel_tol=0.05)
+    one = paired_test([0.4], [0.0], paper_effect=1.0)
+    assert (one.p, one.p_paper, one.low, one.high) == (1.0, 1.0, -math.inf, math.inf)
 
 
-def test_holm_by_hand() -> None:
+def test_identical_differences_are_not_p_zero_and_all_zero_ones_are_not_tested() -> None:
+    """The t statistic is undefined when the differences do not vary: the sign-flip test's p stands in (3 seeds all
+    the same sign: 2 / 2^3 = 0.25), never 0. Rounding (3.1 - 1.1 against 4.1 - 2.1) counts as not varying."""
+    same = paired_test([3.1, 4.1, 5.1], [1.1, 2.1, 3.1], paper_effect=5.0)
+    assert same.p == pytest.approx(0.25) and same.low == same.high == pytest.approx(2.0)
+    assert same.p_paper == pytest.approx(0.25)  # 2 below the paper's 5 in every seed: the sign-flip floor again
+    assert decide(same.mean, same.p, same.p_paper, 5.0) == UNRESOLVED
+    assert paired_test([1.0] * 6, [0.0] * 6).p == pytest.approx(2 / 64)  # six seeds can go below 0.05
+    zero = paired_test([2.0, 3.0, 4.0], [2.0, 3.0, 4.0], paper_effect=1.0)
+    assert zero.identical and zero.p_paper is None
+    assert not paired_test([1.0, -1.0, 0.0], [0.0, 0.0, 0.0]).identical  # mean 0, but the differences vary
+
+
+def test_each_of_the_four_verdicts_by_hand() -> None:
+    """A paper effect of -1 (lower is better): the interval [low, high] decides."""
+    cases = {
+        REPRODUCES: [-1.1, -0.9, -1.0, -1.05],  # excludes 0 on the paper's side
+        OPPOSITE: [0.9, 1.1, 1.0, 1.05],  # excludes 0 on the other
+        SMALLER: [0.05, -0.05, 0.02, -0.01],  # holds 0, excludes -1
+        UNRESOLVED: [0.5, -1.5, 0.2, -0.8],  # holds 0 and -1
+    }
+    for expected, diffs in cases.items():
+        tested = paired_test(diffs, [0.0] * 4, paper_effect=-1.0)
+        assert decide(tested.mean, tested.p, tested.p_paper, direction=-1.0) == expected
+        assert (tested.low <= 0 <= tested.high) == (expected in (SMALLER, UNRESOLVED))
+        if expected in (SMALLER, UNRESOLVED):
+            assert (tested.low <= -1 <= tested.high) == (expected == UNRESOLVED)
+    # a claim with a direction but no size has no paper-side test: it can only be unresolved when 0 is held
+    tested = paired_test(cases[SMALLER], [0.0] * 4)
+    assert tested.p_paper is None and decide(tested.mean, tested.p, None, -1.0) == UNRESOLVED
+
+
+def test_the_step_down_is_holm_when_each_comparison_has_one_hypothesis() -> None:
+    """Checked against statsmodels' Holm, and by hand."""
+    for p_values in ([0.03, 0.01, 0.5, 0.02], [0.4, 0.6], [0.9, 0.8], [0.001, 0.2, 0.04, 0.04, 0.3]):
+        expected = multipletests(p_values, method="holm")[1]
+        assert step_down([(i, None, p) for i, p in enumerate(p_values)]) == pytest.approx(list(expected))
     # sorted p: 0.01 (x4 = 0.04), 0.02 (x3 = 0.06), 0.03 (x2 = 0.06, kept monotone), 0.5 (x1 = 0.5)
-    assert holm([0.03, 0.01, 0.5, 0.02]) == pytest.approx([0.06, 0.04, 0.5, 0.06])
-    assert holm([0.4, 0.6]) == pytest.approx([0.8, 0.8])  # the larger is raised to stay monotone, capped at 1
-    assert holm([0.9, 0.8]) == pytest.approx([1.0, 1.0])
-    assert holm([]) == []
+    by_hand = step_down([(i, None, p) for i, p in enumerate([0.03, 0.01, 0.5, 0.02])])
+    assert by_hand == pytest.approx([0.06, 0.04, 0.5, 0.06])
+    assert step_down([]) == []
+
+
+def test_the_step_down_counts_comparisons_not_hypotheses() -> None:
+    """Two comparisons with two hypotheses each: the first step multiplies by 2 (comparisons), not 4; the step
+    after it still by 2 (comparison a keeps its other hypothesis), then by 1 once a is done."""
+    hypotheses = [("a", None, 0.01), ("a", -1.0, 0.6), ("b", None, 0.02), ("b", -2.0, 0.03)]
+    # sorted: a 0.01 (x2 = 0.02), b 0.02 (x2 = 0.04), b 0.03 (x2: a and b still open = 0.06), a 0.6 (x1 = 0.6)
+    assert step_down(hypotheses) == pytest.approx([0.02, 0.6, 0.04, 0.06])
+    # statsmodels over all four hypotheses would ask more of each (x4 first)
+    assert multipletests([p for *_, p in hypotheses], method="holm")[1][0] == pytest.approx(0.04)
+
+
+def test_two_paper_numbers_against_the_same_cells_can_both_be_true() -> None:
+    """Tables 3 and 7 set -5.2% and -0.6% against the same SSA fine-tune: "at least -5.2%" and "at least -0.6%" can
+    both hold, so that comparison counts 2 while both are open (only "no effect" excludes them)."""
+    hypotheses = [("a", None, 0.5), ("a", -5.2, 0.01), ("a", -0.6, 0.02)]
+    # sorted: a -5.2 0.01 (x2 = 0.02), a -0.6 0.02 (x1: one paper-side left, or "no effect" = 0.02), no effect 0.5
+    assert step_down(hypotheses) == pytest.approx([0.5, 0.02, 0.02])
+    assert step_down([("a", None, 0.5), ("a", -5.2, 0.01)]) == pytest.approx([0.5, 0.01])  # exclusive: x1
 
 
 TABLE = {
@@ -109,14 +176,34 @@ def test_holm_verdicts_beside_the_raw_ones() -> None:
     # the family: the comparisons with a paper direction (a/ppl, a/w8, b/ppl; b/w8 has no paper value)
     judged = effect[effect["verdict"] != NO_PAPER_VALUE]
     assert len(judged) == 3 and effect["p_holm"].notna().sum() == 3
-    assert a["p_holm"] == pytest.approx(min(1.0, 3 * a["p"]), rel=1e-9) or a["p_holm"] >= a["p"]
-    assert effect.loc[("b", "w8"), "verdict_holm"] == NO_PAPER_VALUE
-    # a raw "reproduces" at p just under 0.05 does not survive three comparisons
+    assert effect["family"].iloc[0] == "t: 3 comparisons in t"
+    assert a["p_holm"] >= a["p"] and effect.loc[("b", "w8"), "verdict_holm"] == NO_PAPER_VALUE
     for row in judged.itertuples():
-        if row.p_holm >= 0.05:
-            assert row.verdict_holm == INCONCLUSIVE
-        else:
-            assert row.verdict_holm == row.verdict
+        assert row.verdict_holm == decide(row.diff, row.p_holm, row.p_paper_holm, row.paper_diff)
+        assert row.p_holm >= row.p and row.p_paper_holm >= row.p_paper
+
+
+def test_a_comparison_two_tables_share_is_counted_once_in_the_family() -> None:
+    """Tables 3, 5, 7 and 8 hold the same SSA-vs-vanilla fine-tune: the same runs and metric are one comparison of
+    the paper's family, whichever table is written, and every table gets the same corrected p for it."""
+    data = [r | {"run": f"runs/{r['attention']}-s{r['seed']}"} for r in records([60.0, 70.0, 50.0], w8a8_gap=3.0)]
+    alone = effects(data, TABLE, "cpu")
+    sibling = raw_effects(data, {**TABLE, "name": "u"}, "cpu")  # another table of the same cells
+    shared = effects(data, TABLE, "cpu", siblings={"u": sibling})
+    assert shared["p_holm"].dropna().tolist() == pytest.approx(alone["p_holm"].dropna().tolist())  # the same 3
+    assert shared["family"].iloc[0] == "t: 3 comparisons in t, u"
+    other = raw_effects([r | {"run": r["run"] + "-other"} for r in data], {**TABLE, "name": "u"}, "cpu")
+    doubled = effects(data, TABLE, "cpu", siblings={"u": other})  # other cells: 3 more comparisons
+    assert doubled["family"].iloc[0] == "t: 6 comparisons in t, u"
+    assert (doubled["p_holm"].dropna() >= alone["p_holm"].dropna()).all()
+
+
+def test_all_zero_comparisons_stay_out_of_the_family() -> None:
+    """A metric no variant moves at this scale (every paired difference 0) is labelled identical, not judged."""
+    data = [r | {"w8a8_perplexity": 12.0} for r in records([60.0, 70.0, 50.0], w8a8_gap=3.0)]
+    effect = effects(data, TABLE, "cpu").set_index(["attention", "column"])
+    assert effect.loc[("a", "w8"), "verdict"] == IDENTICAL == effect.loc[("a", "w8"), "verdict_holm"]
+    assert pd.isna(effect.loc[("a", "w8"), "p_holm"]) and effect["family"].iloc[0] == "t: 2 comparisons in t"
 
 
 def test_seeds_needed_by_hand() -> None:
@@ -178,8 +265,16 @@ def test_markdown_opens_with_the_phenomena_and_shows_both_verdicts() -> None:
     assert "- outliers (pretrain, R, vanilla): **absent**: kurtosis_max 4.2" in markdown
     assert "  - outliers: hand-made" in markdown and "read in that light" in markdown
     header = next(line for line in markdown.splitlines() if line.startswith("| stage") and "Holm" in line)
-    assert [c.strip() for c in header.split("|")][-5:-1] == ["p", "verdict", "Holm p", "verdict (Holm)"]
-    assert "After Holm over the 3 judged comparisons:" in markdown
+    assert [c.strip() for c in header.split("|")][-7:-1] == [
+        "p",
+        "p paper",
+        "verdict",
+        "Holm p",
+        "Holm p paper",
+        "verdict (Holm)",
+    ]
+    assert "After Holm over t: 3 comparisons in t: reproduces " in markdown
+    assert "can go below p = 0.25 (the sign-flip floor)" in markdown
 
 
 def test_a_table_renders_again_from_its_committed_records(tmp_path) -> None:
@@ -195,7 +290,8 @@ def test_a_table_renders_again_from_its_committed_records(tmp_path) -> None:
     markdown = render(TABLE, "cpu", results_dir=tmp_path)
     assert markdown == (tmp_path / "t.md").read_text() and "- outliers (pretrain, R, vanilla): **present**" in markdown
     assert pd.read_csv(tmp_path / "phenomena.csv")["status"].tolist() == [PRESENT, PRESENT, NOT_MEASURED]
-    assert set(pd.read_csv(tmp_path / "effects.csv")["verdict_holm"]) <= {REPRODUCES, INCONCLUSIVE, NO_PAPER_VALUE}
+    allowed = {REPRODUCES, OPPOSITE, SMALLER, UNRESOLVED, NO_PAPER_VALUE}
+    assert set(pd.read_csv(tmp_path / "effects.csv")["verdict_holm"]) <= allowed
     with pytest.raises(ConfigError, match="reports computed from its cells"):
         render(TABLE | {"reports": ["pruning"]}, "cpu", results_dir=tmp_path)
 
@@ -262,7 +358,8 @@ def test_a_papers_stated_direction_is_judged_and_joins_the_holm_family() -> None
     assert effect.loc[("a", "w8"), "verdict"] == OPPOSITE  # its W8A8 perplexity is lower too, not higher
     assert effect.loc[("b", "ppl"), "verdict"] == NO_PAPER_VALUE and effect["p_holm"].notna().sum() == 2
     p_values = effect.loc[[("a", "ppl"), ("a", "w8")], "p"].tolist()
-    assert effect.loc[[("a", "ppl"), ("a", "w8")], "p_holm"].tolist() == pytest.approx(holm(p_values))
+    expected = multipletests(p_values, method="holm")[1]  # a direction without a size: one hypothesis each
+    assert effect.loc[[("a", "ppl"), ("a", "w8")], "p_holm"].tolist() == pytest.approx(list(expected))
     markdown = to_markdown(summarise(data, OURS, "cpu"), effects(data, OURS, "cpu"), OURS, "cpu", None)
     assert "(paper)" not in markdown and "paper %" not in markdown  # no paper: no columns of dashes
     assert "a `claims` entry gives a direction for" in markdown

@@ -15,11 +15,12 @@ from omegaconf import OmegaConf
 
 from attnlab.errors import ConfigError
 from attnlab.tables import load_table, render, reproduce
-from attnlab.tables.collect import INCONCLUSIVE, NO_PAPER_VALUE, OPPOSITE, REPRODUCES
+from attnlab.tables.collect import NO_PAPER_VALUE
 from attnlab.tables.engine import Engine, predates_headlines
 from attnlab.tables.figures import TableResults
 from attnlab.tables.reports import costs_section
 from attnlab.tables.sizes import config_parameters, model_parts
+from attnlab.tables.stats import OPPOSITE, REPRODUCES, UNRESOLVED
 from tests.test_plots import colliding_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,7 +57,7 @@ def test_smoke_table_end_to_end(smoke: dict) -> None:
     assert len(effects) == 2 * len(COLUMNS) and set(effects["column"]) == set(COLUMNS)
     judged = effects[effects["verdict"] != NO_PAPER_VALUE]
     assert judged[["attention", "column"]].values.tolist() == [["softpick", "sink_share"], ["softpick", "kurtosis_max"]]
-    assert set(judged["verdict_holm"]) <= {REPRODUCES, OPPOSITE, INCONCLUSIVE} and judged["p_holm"].notna().all()
+    assert set(judged["verdict_holm"]) <= {REPRODUCES, OPPOSITE, UNRESOLVED} and judged["p_holm"].notna().all()
     assert markdown.index("- outliers (pretrain, from scratch, vanilla): **") < markdown.index("## pretrain")
     assert "- attention sink (pretrain, from scratch, vanilla): **" in markdown
     assert "Zuhri et al. 2025" in markdown and "not run at this scale" in markdown  # the others' claims: listed
@@ -193,3 +194,23 @@ def test_a_cached_evaluation_from_before_a_headline_existed_is_evaluated_again()
     assert predates_headlines({"analysis": {"summary": before, "sinks": {}}})
     assert not predates_headlines({"analysis": {"summary": before}})  # the sinks metric did not run: nothing missing
     assert not predates_headlines({"summary": {"heldout_word_ppl": 30.0}})  # a suite without analysis
+
+
+def test_options_added_since_keep_the_committed_cells_names() -> None:
+    """Options added after the cpu table ran (fox's Pro block, stick-breaking's attend_current, the gates' reference
+    options) name no new cell at the value that runs the old rule, so its records stay a cache of those cells; diff's
+    default changed rule (the affine norm) names new cells, and subln_affine=false finds the recorded ones."""
+    from attnlab.tables.cells import cell_name
+
+    engine = Engine(variants_table(), "cpu", root=ROOT, runs_dir=ROOT / "outputs" / "runs")
+    runs = pd.read_csv(ROOT / "experiments/results/variants/cpu/runs.csv")
+    recorded = {row.attention: Path(row.run).name for row in runs.itertuples() if row.seed == 1}
+
+    def name(attention: str, *extra: str) -> str:
+        overrides = [*engine.stage_overrides("pretrain", "tiny"), "model=tiny", f"attention={attention}"]
+        return cell_name(engine.compose([*overrides, *engine.variant_overrides(attention), *extra, "seed=1"]))
+
+    for attention in ("vanilla", "fox", "gated", "gated_sdpa", "stickbreaking", "ssa"):
+        assert name(attention) == recorded[attention], attention
+    assert name("diff") != recorded["diff"]
+    assert name("diff", "attention.subln_affine=false") == recorded["diff"]

@@ -363,7 +363,12 @@ def table_figure(
 
 
 # ------------------------------------------------------------------------------------------------ effects
-VERDICT_COLOURS = {"reproduces": PALETTE[2], "opposite": PALETTE[1], "inconclusive": "#BBBBBB"}
+VERDICT_COLOURS = {
+    "reproduces": PALETTE[2],
+    "opposite": PALETTE[1],
+    "smaller than the paper's": PALETTE[4],
+    "unresolved": "#BBBBBB",
+}
 UNJUDGED_COLOUR = PALETTE[0]  # a difference no paper gives a direction for
 SYMLOG_SPAN = 30.0  # a symmetric log axis once a bar or whisker passes this many times most bars (3 in 4 of 4+)
 
@@ -491,6 +496,29 @@ def text_heatmap_figure(
 
 
 # ------------------------------------------------------------------------------------------------ matrices
+def heads_figure(values: Sequence[Sequence[float]], title: str, caption: str, value_label: str) -> Figure:
+    """One value per layer (rows) and head (columns) on [0, 1], each printed on its cell (blank where it rounds to
+    0), with a colour bar named ``value_label`` and the ``caption`` under the map."""
+    matrix = np.asarray(values, dtype=float)
+    layers, heads = matrix.shape
+    with style():
+        fig = Figure(figsize=(max(3.5, 0.45 * heads + 1.8), max(2.2, 0.4 * layers + 1.6)), layout="constrained")
+        ax = fig.subplots()
+        image = ax.imshow(matrix, vmin=0.0, vmax=1.0, cmap=HEAT, aspect="auto")
+        for (i, j), value in np.ndenumerate(matrix):
+            if round(value, 2):
+                ax.text(j, i, f"{value:.2f}".removeprefix("0"), ha="center", va="center", fontsize=6,
+                        color=text_colour(HEAT(min(max(value, 0.0), 1.0))))  # fmt: skip
+        ax.set_xticks(range(heads), [str(h) for h in range(heads)])
+        ax.set_yticks(range(layers), [str(layer) for layer in range(layers)])
+        ax.set_xlabel(f"head\n{wrap(caption, 70)}")
+        ax.set_ylabel("layer")
+        ax.grid(False)
+        fig.colorbar(image, ax=ax, shrink=0.8).set_label(value_label)
+        ax.set_title(title)
+    return fig
+
+
 def matrices_figure(
     grid: Sequence[Sequence[tuple[str, Any] | None]],
     title: str,

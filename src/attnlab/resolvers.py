@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from attnlab.defaults import cache_dir
 from attnlab.digest import digest
+from attnlab.slurm import gpus_per_node, processes_per_node
 
 _current_run_id: str | None = None
 
@@ -65,6 +66,9 @@ if not OmegaConf.has_resolver("run_id"):
     OmegaConf.register_new_resolver("run_id", run_id)
 if not OmegaConf.has_resolver("cache_dir"):
     OmegaConf.register_new_resolver("cache_dir", cache_dir)
+if not OmegaConf.has_resolver("slurm_tasks"):  # hydra/launcher=slurm's resources, from the trainer
+    OmegaConf.register_new_resolver("slurm_tasks", processes_per_node)
+    OmegaConf.register_new_resolver("slurm_gpus", gpus_per_node)
 if not OmegaConf.has_resolver("project_root"):
     OmegaConf.register_new_resolver("project_root", project_root)
 

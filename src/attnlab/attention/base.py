@@ -102,6 +102,12 @@ def causal_bias(t_q: int, t_k: int, device: torch.device, dtype: torch.dtype = t
     return torch.zeros(t_q, t_k, device=device, dtype=dtype).masked_fill(future, float("-inf"))
 
 
+def compute_dtype(x: Tensor) -> torch.dtype:
+    """The dtype of an explicit path's math: fp32 for half inputs (and fp32), the input's own when it is wider
+    (float64), so a float64 layer is not silently computed to fp32 precision."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
 IntermediateHook = Callable[[str, Tensor], Tensor]  # (name, tensor) -> the tensor to use instead
 
 
@@ -113,9 +119,9 @@ def unchanged(_name: str, x: Tensor) -> Tensor:
 def masked(scores: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
     """Scores plus the additive ``mask``, or the causal bias when there is none and the attention is causal."""
     if mask is not None:
-        return scores + mask.float()
+        return scores + mask.to(scores.dtype)
     if is_causal:
-        return scores + causal_bias(scores.shape[-2], scores.shape[-1], scores.device)
+        return scores + causal_bias(scores.shape[-2], scores.shape[-1], scores.device, scores.dtype)
     return scores
 
 
@@ -183,7 +189,7 @@ class AttentionVariant(nn.Module):
         return q, k, v
 
     def probabilities(self, scores: Tensor) -> Tensor:
-        """Row-wise attention probabilities from masked fp32 scores (reference path)."""
+        """Row-wise attention probabilities from masked scores in ``compute_dtype`` (reference path)."""
         return torch.softmax(scores, dim=-1)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout: float) -> Tensor:
@@ -216,18 +222,22 @@ class AttentionVariant(nn.Module):
         """Plain-math attention returning (output, probabilities): the oracle for tests and analysis.
 
         ``hook(name, tensor)``, when given, replaces each intermediate as it is computed: ``"scores"`` (scaled QK^T,
-        fp32, before the mask), ``"probabilities"`` (the variant's own, e.g. clipped) and ``"context"`` (P@V, fp32).
+        before the mask), ``"probabilities"`` (the variant's own, e.g. clipped) and ``"context"`` (P@V), all in
+        ``compute_dtype`` (fp32, or float64 for a float64 layer).
         """
         hook = hook or unchanged
         scores = masked(self.scaled_scores(q, k, hook), mask, is_causal)
         probs = hook("probabilities", self.probabilities(scores))
-        return hook("context", probs @ v.repeat_interleave(q.shape[1] // v.shape[1], dim=1).float()).to(q.dtype), probs
+        values = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1).to(probs.dtype)
+        return hook("context", probs @ values).to(q.dtype), probs
 
     def scaled_scores(self, q: Tensor, k: Tensor, hook: IntermediateHook) -> Tensor:
-        """fp32 ``q k^T / sqrt(d_h)`` (B, H, t_q, t_k), each query head against its KV group's keys, through
-        ``hook("scores")``: the first step of every plain-math reference path."""
+        """``q k^T / sqrt(d_h)`` (B, H, t_q, t_k) in ``compute_dtype``, each query head against its KV group's keys,
+        through ``hook("scores")``: the first step of every plain-math reference path. (Under autocast the product
+        itself runs in the autocast dtype; what follows it stays in ``compute_dtype``.)"""
+        dtype = compute_dtype(q)
         keys = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-        return hook("scores", (q.float() @ keys.float().transpose(-2, -1)) * self.scale)
+        return hook("scores", (q.to(dtype) @ keys.to(dtype).transpose(-2, -1)).to(dtype) * self.scale)
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from attnlab.attention.base import causal_bias
+from attnlab.attention.base import causal_bias, compute_dtype
 
-ChunkFunction = Callable[[Tensor, Tensor, Tensor, Tensor | None], Tensor]  # (q, k, v, fp32 bias or None) -> out
+ChunkFunction = Callable[[Tensor, Tensor, Tensor, Tensor | None], Tensor]  # (q, k, v, bias or None) -> out
 
 
 def over_query_chunks(
@@ -29,16 +29,17 @@ def over_query_chunks(
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     t_q, offset = q.shape[2], k.shape[2] - q.shape[2]  # query i sits at key index i + offset
+    dtype = compute_dtype(q)  # the bias's: fp32, or float64 for float64 inputs
     recompute = torch.is_grad_enabled() and t_q > chunk_size  # one chunk holds no more than the plain math would
     chunks = []
     for start in range(0, t_q, chunk_size):
         stop = min(start + chunk_size, t_q)
         keys, bias = k.shape[2], None
         if mask is not None:
-            bias = mask[..., start:stop, :].float()
+            bias = mask[..., start:stop, :].to(dtype)
         elif is_causal:  # keys after the chunk's last query are masked for every row: skip them
             keys = stop + offset
-            bias = causal_bias(stop - start, keys, q.device)
+            bias = causal_bias(stop - start, keys, q.device, dtype)
         args = (q[:, :, start:stop], k[:, :, :keys], v[:, :, :keys], bias)
         chunks.append(checkpoint(fn, *args, use_reentrant=False) if recompute else fn(*args))
     return torch.cat(chunks, dim=2)
@@ -55,13 +56,15 @@ def attend_in_chunks(
     dropout: float,
     chunk_size: int,
 ) -> Tensor:
-    """o = dropout(probabilities(q k^T * scale + bias)) v over chunks of queries, in fp32 even under autocast: the
-    explicit path of a variant whose row-wise map (clipped softmax, softpick, sigmoid) the fused kernel cannot run."""
+    """o = dropout(probabilities(q k^T * scale + bias)) v over chunks of queries, in fp32 even under autocast (float64
+    for float64 inputs): the explicit path of a variant whose row-wise map (clipped softmax, softpick, sigmoid) the
+    fused kernel cannot run."""
 
     def chunk(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
+        dtype = compute_dtype(q)
         with torch.autocast(q.device.type, enabled=False):
-            scores = (q.float() @ k.float().transpose(-2, -1)) * scale
+            scores = (q.to(dtype) @ k.to(dtype).transpose(-2, -1)) * scale
             probs = probabilities(scores if bias is None else scores + bias)
-            return (F.dropout(probs, p=dropout) @ v.float()).to(q.dtype)
+            return (F.dropout(probs, p=dropout) @ v.to(dtype)).to(q.dtype)
 
     return over_query_chunks(chunk, q, k, v, mask, is_causal, chunk_size)

@@ -115,6 +115,7 @@ def log_weight(weight: Tensor) -> Tensor:
 
 
 def unnormalised(out: Tensor, lse: Tensor) -> Tensor:
-    """sum_j w_ij v_j from flex's output and lse under ``score_mod = log_weight(w)``: out * exp(lse), in fp32 (a row
-    whose weights are all 0 has out = 0 and lse = -inf, so it gives 0)."""
-    return (out.float() * lse.exp().unsqueeze(-1)).to(out.dtype)
+    """sum_j w_ij v_j from flex's output and lse under ``score_mod = log_weight(w)``: out * exp(lse), in fp32 or the
+    output's dtype when wider (a row whose weights are all 0 has out = 0 and lse = -inf, so it gives 0)."""
+    dtype = torch.promote_types(out.dtype, torch.promote_types(lse.dtype, torch.float32))
+    return (out.to(dtype) * lse.to(dtype).exp().unsqueeze(-1)).to(out.dtype)

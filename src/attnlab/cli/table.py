@@ -19,6 +19,11 @@ from attnlab.tables import render, reproduce
 from attnlab.tables.engine import TableInterrupted
 
 
+def launcher_overrides(launcher: str | None) -> list[str]:
+    """``launcher``'s words as sweep overrides; a bare name is the preset (``slurm``: ``hydra/launcher=slurm``)."""
+    return [word if "=" in word else f"hydra/launcher={word}" for word in shlex.split(launcher or "")]
+
+
 def task(cfg: DictConfig) -> None:
     """Runs (or, ``render_only``, writes again) the table; a bad setting or a signal ends it with one line."""
     signal.signal(signal.SIGTERM, stop_on_sigterm)  # between sweeps (evaluating, writing) as during one: one line
@@ -36,7 +41,7 @@ def task(cfg: DictConfig) -> None:
             results_dir=Path(cfg.results_dir),
             force=cfg.force,
             args=shlex.split(cfg.args or ""),
-            launcher=shlex.split(cfg.launcher or ""),
+            launcher=launcher_overrides(cfg.launcher),
             partial=cfg.partial,
         )
     except ConfigError as exc:

@@ -23,6 +23,7 @@ from datasets import DatasetDict
 from omegaconf import OmegaConf
 
 from attnlab.console import announce
+from attnlab.data.backcopy import SOURCE as BACKCOPY_SOURCE
 from attnlab.data.tokenizer import joined_ids
 from attnlab.defaults import EVAL_SEED
 from attnlab.defaults import cache_dir as default_cache_dir
@@ -267,7 +268,12 @@ def evaluate_suite(
         needs_calibration = "calibration_tokens" not in analysis_cfg and bool(lm.run_data)
         if needs_texts or needs_calibration:
             documents = run_documents(lm.run_data, cache_dir)  # the corpus split once, for both
-            if needs_texts:
+            if needs_texts and (lm.run_data or {}).get("source") == BACKCOPY_SOURCE:
+                # one generated sequence a row, <s> first, as it trained (joined text would shift the rows)
+                length = lm.model.config.block_size
+                ids = [lm.tokenizer.encode(text).ids[:length] for text in documents["test"]["text"]]
+                analysis_cfg["eval_tokens"] = torch.tensor(ids, dtype=torch.long)
+            elif needs_texts:
                 analysis_cfg["texts"] = list(documents["test"]["text"])
             if needs_calibration:  # W8A8 calibrates on training text, as the reference does
                 analysis_cfg["calibration_tokens"] = joined_ids(lm.tokenizer, documents["train"]["text"], CALIBRATION)

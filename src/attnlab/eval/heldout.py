@@ -7,6 +7,7 @@ from typing import Any
 
 from datasets import DatasetDict
 
+from attnlab.data.backcopy import SOURCE
 from attnlab.defaults import DATA_SEED
 from attnlab.defaults import cache_dir as default_cache_dir
 
@@ -19,13 +20,20 @@ def heldout_dataset(**metadata: Any) -> DatasetDict:
 
     ``data``: the run's data config (attnlab's harness reads it from the checkpoint's record), split as training
     split it, when its documents are local (``LOCAL_SOURCES``: the embedded corpus, ``registry_text``, the user's
-    text files). Otherwise (a hub dataset, generated passkey prompts, a legacy record without ``source``, none) the
+    text files) or generated from settings it records (Bigram-Backcopy sequences, ``attnlab.data.backcopy``).
+    Otherwise (a hub dataset, generated passkey prompts, a legacy record without ``source``, none) the
     embedded corpus's split, with the run's ``seed`` and ``val_fraction`` where it has them."""
     from attnlab.data import TextDataModule
 
     data = dict(metadata.get("data") or {})
     cache_dir = str(metadata.get("cache_dir") or default_cache_dir())
-    if data.get("source") in LOCAL_SOURCES:
+    if data.get("source") == SOURCE:  # generated sequences: the same ones again, from the same settings
+        from attnlab.data.backcopy import bigram_backcopy_datamodule
+
+        accepted = inspect.signature(bigram_backcopy_datamodule).parameters
+        settings = {key: value for key, value in data.items() if key in accepted and key != "tokenizer"}
+        datamodule = bigram_backcopy_datamodule(**{**settings, "cache_dir": cache_dir})
+    elif data.get("source") in LOCAL_SOURCES:
         accepted = inspect.signature(TextDataModule).parameters
         settings = {key: value for key, value in data.items() if key in accepted and key != "packed_dir"}
         datamodule = TextDataModule(**{**settings, "cache_dir": cache_dir})
@@ -45,4 +53,4 @@ def heldout_dataset(**metadata: Any) -> DatasetDict:
 
 def scores_own_corpus(data: dict[str, Any]) -> bool:
     """Whether ``heldout_dataset`` scores a run trained on ``data`` on its own held-out documents."""
-    return data.get("source") in LOCAL_SOURCES or data.get("name") in (None, "wiki_sample")
+    return data.get("source") in (*LOCAL_SOURCES, SOURCE) or data.get("name") in (None, "wiki_sample")

@@ -29,7 +29,7 @@ from attnlab.synthetic.runs import (
     train_denoising,
     train_graph,
 )
-from attnlab.tables.collect import paired_interval, verdict
+from attnlab.tables.stats import IDENTICAL, decide, paired_test, step_down
 
 COLUMNS = ["quantity", "model", "ours_mean", "ours_std", "paper", "ours_minus_paper"]
 SCALING = {  # temp_lookup's scaling, in the tables' headers
@@ -155,22 +155,51 @@ def stopped(label: str, training: Training) -> str:
     return f"{label} **stopped by the cap at step {training.steps}, not converged** ({seeds})"
 
 
+def p_label(p: float | None) -> str:
+    return "-" if p is None else f"{p:.3g}"
+
+
 def paired_effects(runs: dict[str, list[GraphRun]], paper: dict[str, Any]) -> str:
     """SSA against vanilla seed by seed (a seed fixes the sampled walks for both), judged as the table engine judges
-    an effect: the mean paired difference, its 95% t-interval, and whether it excludes 0 on the paper's side."""
+    an effect (``attnlab.tables.stats``): the mean paired difference, its 95% t-interval, the tests against no effect
+    and against the paper's difference (the same units here: the task is the paper's), the raw verdict and the one
+    after Holm over this table's two comparisons."""
     if not {"vanilla", "ssa"} <= runs.keys():
         return ""
-    lines = []
+    found = []
     for quantity, field, paper_key in (
         ("CE - H(P*)", "kl", "cross_entropy"),
         ("sum |G - P*|", "err_transition", "err_map"),
     ):
-        diffs = [getattr(s, field) - getattr(v, field) for s, v in zip(runs["ssa"], runs["vanilla"], strict=True)]
-        mean, low, high = paired_interval(diffs)
+        ssa, vanilla = ([getattr(r, field) for r in runs[label]] for label in ("ssa", "vanilla"))
         paper_diff = paper[paper_key]["ssa"] - paper[paper_key]["vanilla"]
+        lower = sum(map(float.__lt__, ssa, vanilla))
+        found.append((quantity, paired_test(ssa, vanilla, paper_diff), paper_diff, lower))
+    tested_ones = [entry for entry in found if not entry[1].identical]  # all-zero differences: nothing to test
+    hypotheses = [(quantity, None, tested.p) for quantity, tested, *_ in tested_ones]
+    hypotheses += [
+        (quantity, paper_diff, tested.p_paper)
+        for quantity, tested, paper_diff, _ in tested_ones
+        if tested.p_paper is not None
+    ]
+    adjusted = step_down(hypotheses)
+    no_effect, paper_side = iter(adjusted[: len(tested_ones)]), iter(adjusted[len(tested_ones) :])
+    lines = []
+    for quantity, tested, paper_diff, lower in found:
+        head = (
+            f"- {quantity}: {tested.mean:+.3g}, 95% interval [{tested.low:+.3g}, {tested.high:+.3g}], lower in {lower} "
+            f"of {tested.seeds} seeds; paper {paper_diff:+.3g}"
+        )
+        if tested.identical:
+            lines.append(f"{head}: **{IDENTICAL}** (every seed's difference is 0: nothing to test)")
+            continue
+        p_holm = next(no_effect)
+        p_paper_holm = next(paper_side) if tested.p_paper is not None else None
         lines.append(
-            f"- {quantity}: {mean:+.3g}, 95% interval [{low:+.3g}, {high:+.3g}], lower in {sum(d < 0 for d in diffs)} "
-            f"of {len(diffs)} seeds; paper {paper_diff:+.3g}: **{verdict(low, high, paper_diff)}**"
+            f"{head}; p {tested.p:.3g}, p paper {p_label(tested.p_paper)}: "
+            f"**{decide(tested.mean, tested.p, tested.p_paper, paper_diff)}**; after Holm over the table's "
+            f"{len(tested_ones)} tested comparison(s) (p {p_holm:.3g}, p paper {p_label(p_paper_holm)}): "
+            f"**{decide(tested.mean, p_holm, p_paper_holm, paper_diff)}**"
         )
     return "SSA minus vanilla, paired by seed:\n\n" + "\n".join(lines) + "\n\n"
 

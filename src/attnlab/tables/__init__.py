@@ -91,17 +91,24 @@ def reproduce(
         wandb_cfg = {"project": project, "group": engine.wandb_group, "tags": engine.wandb_tags(), "dir": str(runs_dir)}
     reports = [] if status else table.get("reports") or []  # a partial table has none yet
     sections = [REPORTS[name](engine, cells, results_dir) for name in reports]
-    markdown = write(records, table, scale, results_dir, wandb_cfg, engine.trajectories(cells), sections, status)
+    siblings = family_siblings(table, scale, results_dir)
+    curves = engine.trajectories(cells)
+    markdown = write(records, table, scale, results_dir, wandb_cfg, curves, sections, status, siblings)
     save_effects_figure(table, scale, results_dir, engine.row_sizes)
     print(markdown)
+    refresh_family(siblings, scale, results_dir, root)
     return markdown
 
 
-def render(table: dict[str, Any], scale: str, *, results_dir: Path, root: Path | None = None) -> str:
+def render(
+    table: dict[str, Any], scale: str, *, results_dir: Path, root: Path | None = None, family: bool = True
+) -> str:
     """Write the table again from the records it committed (``runs.csv``, ``curves.csv``), without its cells: what a
     fresh clone can do when the way a table is read changes (phenomenon checks, corrected verdicts, labels). A
     report is written again from the CSV it committed (``root``: the repository, for our models' sizes); without
-    that CSV the table has to be reproduced instead. ``effects.png`` is drawn again from the CSVs too."""
+    that CSV the table has to be reproduced instead. ``effects.png`` is drawn again from the CSVs too. ``family``:
+    also write again the other tables of the paper's family at this scale, whose corrected verdicts count this
+    table's comparisons (they print nothing)."""
     import pandas as pd
 
     from attnlab.errors import ConfigError
@@ -124,10 +131,41 @@ def render(table: dict[str, Any], scale: str, *, results_dir: Path, root: Path |
             raise ConfigError("render_only", f"{found}: reproduce it")
     curves = pd.read_csv(results_dir / "curves.csv") if (results_dir / "curves.csv").is_file() else None
     sections = [RENDERS[name][1](table, scale, root, results_dir) for name in reports]
-    markdown = write(records, table, scale, results_dir, curves=curves, sections=sections, status=status)
+    siblings = family_siblings(table, scale, results_dir)
+    markdown = write(records, table, scale, results_dir, None, curves, sections, status, siblings)
     save_effects_figure(table, scale, results_dir, engine.row_sizes if engine else dict)
-    print(markdown)
+    if family:
+        print(markdown)
+        refresh_family(siblings, scale, results_dir, root)
     return markdown
+
+
+def family_siblings(table: dict[str, Any], scale: str, results_dir: Path) -> dict[str, Any]:
+    """The raw effects (``collect.raw_effects``) of the other tables of the table's paper family (their configs'
+    ``family``) that have records at this scale beside ``results_dir`` (``<results>/<table>/<scale>``)."""
+    import pandas as pd
+    from omegaconf import OmegaConf
+
+    from attnlab.configs import config_files
+    from attnlab.tables.collect import raw_effects, with_derived
+
+    found = {}
+    if not table.get("family"):
+        return found
+    for path in sorted((config_files("experiments/conf") / "table").glob("*.yaml")):
+        runs = results_dir.parent.parent / path.stem / scale / "runs.csv"
+        if path.stem == table["name"] or not runs.is_file():
+            continue
+        if OmegaConf.load(path).get("family") == table["family"]:
+            records = with_derived(pd.read_csv(runs).to_dict("records"))
+            found[path.stem] = raw_effects(records, load_table(path.stem), scale)
+    return found
+
+
+def refresh_family(siblings: dict[str, Any], scale: str, results_dir: Path, root: Path | None) -> None:
+    """Write the ``siblings`` again from their records, so their corrected verdicts count the table just written."""
+    for name in siblings:
+        render(load_table(name), scale, results_dir=results_dir.parent.parent / name / scale, root=root, family=False)
 
 
 def missing_cells(records: list[dict[str, Any]], cells: list[Any]) -> str | None:

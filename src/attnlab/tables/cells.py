@@ -18,6 +18,21 @@ from attnlab.digest import digest, start_identity
 IDENTITY_KEYS = ("model", "attention", "data", "optim", "seed", "train_tokens", "cell_salt")
 TRAINER_KEYS = ("max_steps", "precision", "accumulate_grad_batches", "gradient_clip_val", "val_check_interval")
 NOT_IDENTITY = {"cache_dir", "num_workers"}
+# attention options added after cells were named, at the value that runs the rule those cells ran: dropped from the
+# identity at that value, so the cells keep their names (any other value names new cells). diff's subln_affine is
+# listed at false, the old rule: its new default (true, the reference's affine norm) names new cells, as it should.
+ATTENTION_OPTIONS_ADDED = {
+    "subln_affine": False,
+    "key_shift": False,
+    "value_shift": False,
+    "qk_norm": False,
+    "output_norm": False,
+    "output_gate": False,
+    "norm_eps": 1e-6,
+    "attend_current": False,
+    "gate_init": "every_gate",
+    "gate_bias": True,
+}
 
 
 def _resolved(node: Any) -> Any:
@@ -32,6 +47,10 @@ def identity(root: DictConfig) -> dict[str, Any]:
     ident = {key: _resolved(root[key]) for key in IDENTITY_KEYS if key in root}
     if ident.get("model", {}).get("init_from"):
         ident["model"]["init_from"] = start_identity(str(ident["model"]["init_from"]))
+    attention = ident.get("attention", {})
+    for key, value in ATTENTION_OPTIONS_ADDED.items():
+        if key in attention and attention[key] == value:
+            del attention[key]
     if not ident.get("data", {}).get("document_mask", True):  # off: cells named before the key existed keep names
         del ident["data"]["document_mask"]
     if root.get("global_batch_tokens") is not None:  # only when set: cells named before the key existed keep names

@@ -1,11 +1,12 @@
 """From per-cell evaluation records to the finished table: whether the baseline shows the paper's phenomenon at all,
 ours (mean ± std over seeds) beside the paper's, and each variant's paired difference with the baseline (same model,
-same seed), a 95% t-interval and a verdict, raw and Holm-corrected over the table's family of comparisons."""
+same seed), a 95% t-interval and one of four verdicts, raw and corrected over the paper's family of comparisons
+(``attnlab.tables.stats``)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,34 +15,18 @@ from scipy import stats
 
 from attnlab.errors import ConfigError
 from attnlab.files import write_atomic
+from attnlab.tables.stats import (
+    IDENTICAL,
+    PERMUTATION_SEEDS,
+    TOST_NAME,
+    VERDICTS,
+    decide,
+    paired_test,
+    step_down,
+)
 
-REPRODUCES, OPPOSITE, INCONCLUSIVE = "reproduces", "opposite", "inconclusive"
-NO_PAPER_VALUE = "no paper value"  # the paper gives no number for the variant or the baseline: nothing to judge
+NO_PAPER_VALUE = "no paper value"  # the paper gives no number or direction for the variant: nothing to judge
 DIRECTIONS = {"lower": -1.0, "higher": 1.0}  # a ``claims`` direction as the sign of the paper's difference
-
-
-def paired_interval(diffs: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
-    """Mean of the paired differences and its t-interval (infinite with fewer than two seeds)."""
-    n = len(diffs)
-    mean = sum(diffs) / n
-    if n < 2:
-        return mean, -math.inf, math.inf
-    sd = pd.Series(diffs).std(ddof=1)
-    half = stats.t.ppf(0.5 + confidence / 2, n - 1) * sd / math.sqrt(n)
-    return mean, mean - half, mean + half
-
-
-def paired_p_value(diffs: list[float]) -> float:
-    """Two-sided p-value of the paired t-test that the mean difference is 0: the test behind ``paired_interval``
-    (p < 0.05 exactly when its 95% interval excludes 0). 1 with fewer than two seeds."""
-    n = len(diffs)
-    mean = sum(diffs) / n
-    if n < 2:
-        return 1.0
-    sd = pd.Series(diffs).std(ddof=1)
-    if sd == 0:
-        return 1.0 if mean == 0 else 0.0
-    return float(2 * stats.t.sf(abs(mean) / (sd / math.sqrt(n)), n - 1))
 
 
 MAX_SEEDS = 1000  # seeds_needed's search stops here: past it, no practical number of seeds resolves the effect
@@ -63,24 +48,6 @@ def seeds_needed(diffs: list[float], target: float | None, confidence: float = 0
         if stats.t.ppf(0.5 + confidence / 2, n - 1) * sd / math.sqrt(n) <= abs(target):
             return n
     return MAX_SEEDS + 1
-
-
-def holm(p_values: Sequence[float]) -> list[float]:
-    """Holm's step-down adjusted p-values: the k-th smallest times (m - k + 1), kept monotone and at most 1. Valid
-    under any dependence between the tests (a cell's fp and W8A8 perplexities are far from independent)."""
-    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
-    adjusted, running = [1.0] * len(p_values), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
-        adjusted[i] = running
-    return adjusted
-
-
-def verdict(low: float, high: float, paper_diff: float) -> str:
-    """Reproduces when the interval excludes 0 on the paper's side, opposite when on the other side."""
-    if paper_diff == 0 or (low <= 0 <= high):
-        return INCONCLUSIVE
-    return REPRODUCES if (low > 0) == (paper_diff > 0) else OPPOSITE
 
 
 def claims(table: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
@@ -215,8 +182,8 @@ def phenomena_markdown(checks: pd.DataFrame, table: dict[str, Any]) -> list[str]
         lines += [
             "",
             "Where the phenomenon is absent (or not measured) the verdicts below are read in that light: a variant "
-            "cannot fix what the baseline does not show, so an inconclusive or opposite verdict there says little "
-            "about the paper's claim.",
+            "cannot fix what the baseline does not show, so an unresolved, smaller-than-the-paper's or opposite "
+            "verdict there says little about the paper's claim.",
         ]
     return [*lines, ""]
 
@@ -241,67 +208,139 @@ def summarise(records: list[dict[str, Any]], table: dict[str, Any], scale: str) 
     return pd.DataFrame(rows)
 
 
-def effects(records: list[dict[str, Any]], table: dict[str, Any], scale: str) -> pd.DataFrame:
-    """Each variant minus the baseline, paired by seed, per stage, row and column that ran; with its verdict."""
+def comparison_key(group: pd.DataFrame, attention: str, baseline: str, metric: str, seeds: list[Any]) -> str:
+    """What a comparison is, whichever table holds it: the metric and the (variant run, baseline run) pairs by seed.
+    Tables that share cells (Table 3's SSA fine-tune is Tables 5, 7 and 8's too) share the comparison, and the
+    paper's family counts it once. Records without run directories (hand-made ones) fall back to the variant's name
+    and seeds."""
+    if "run" not in group:
+        return f"{metric}:{attention}-{baseline}:{','.join(map(str, seeds))}"
+    runs = group.set_index(["seed", "attention"])["run"]
+    pairs = [f"{Path(str(runs[(seed, attention)])).name}-{Path(str(runs[(seed, baseline)])).name}" for seed in seeds]
+    return f"{metric}:{'|'.join(pairs)}"
+
+
+def effects(
+    records: list[dict[str, Any]],
+    table: dict[str, Any],
+    scale: str,
+    siblings: Mapping[str, pd.DataFrame] | None = None,
+) -> pd.DataFrame:
+    """``raw_effects`` with the verdicts corrected over the paper's family (``corrected``; ``siblings``: the raw
+    effects of the family's other tables at this scale, by name)."""
+    return corrected(raw_effects(records, table, scale), table, siblings)
+
+
+def raw_effects(records: list[dict[str, Any]], table: dict[str, Any], scale: str) -> pd.DataFrame:
+    """Each variant minus the baseline, paired by seed, per stage, row and column that ran; tested against no effect
+    and against the paper's effect taken as the same share of our baseline (``attnlab.tables.stats``), with the raw
+    verdict."""
     frame = pd.DataFrame(records)
     baseline = table["baseline"]
     stated = claims(table)
     rows = []
     for index, column in enumerate(column_map(table, scale)):
         ours = column["ours"]
-        if ours is None or ours not in frame:
+        if ours is None or ours not in frame or column.get("judged") is False:
             continue
         for (stage, row), group in frame.groupby(["stage", "row"], sort=False):
             by_seed = group.pivot_table(index="seed", columns="attention", values=ours)
             for attention in (v for v in table["variants"] if v != baseline):
                 if attention not in by_seed or baseline not in by_seed:
                     continue
-                diffs = (by_seed[attention] - by_seed[baseline]).dropna().tolist()
-                if not diffs:
+                pairs = by_seed[[attention, baseline]].dropna()
+                if not len(pairs):
                     continue
                 paper_variant = scalar_paper_value(table, stage, row, attention, index)
                 paper_base = scalar_paper_value(table, stage, row, baseline, index)
                 paper_diff = paper_variant - paper_base if None not in (paper_variant, paper_base) else None
                 claim = stated.get((attention, column["paper"]))
                 direction = paper_diff if paper_diff is not None or claim is None else DIRECTIONS[claim["direction"]]
-                mean, low, high = paired_interval(diffs)
-                base = by_seed[baseline].mean()
-                p_value = paired_p_value(diffs)
+                base = pairs[baseline].mean()
                 paper_pct = 100 * paper_diff / paper_base if paper_diff is not None and paper_base else None
                 # the paper's effect as the same share of our baseline: the difference our seeds must resolve
                 paper_effect = paper_pct / 100 * base if paper_pct is not None and not pd.isna(base) else None
+                tested = paired_test(pairs[attention].tolist(), pairs[baseline].tolist(), paper_effect)
+                diffs = (pairs[attention] - pairs[baseline]).tolist()
+                if tested.identical:
+                    judged = IDENTICAL
+                elif not direction:
+                    judged = NO_PAPER_VALUE
+                else:
+                    judged = decide(tested.mean, tested.p, tested.p_paper, direction)
                 rows.append(
                     {"stage": stage, "row": row, "attention": attention, "column": column["paper"], "metric": ours}
-                    | {"seeds": len(diffs), "diff": mean, "ci_low": low, "ci_high": high, "p": p_value}
-                    | {"paper_diff": paper_diff}
-                    | {"diff_pct": 100 * mean / base if base else None}
+                    | {"seeds": tested.seeds, "diff": tested.mean, "ci_low": tested.low, "ci_high": tested.high}
+                    | {"p": tested.p, "p_signflip": tested.p_signflip, "paper_diff": paper_diff}
+                    | {"paper_effect": paper_effect, "p_paper": tested.p_paper}
+                    | {"diff_pct": 100 * tested.mean / base if base else None}
                     | {"paper_pct": paper_pct, "seeds_needed": seeds_needed(diffs, paper_effect)}
-                    | {"verdict": NO_PAPER_VALUE if direction is None else verdict(low, high, direction)}
+                    | {"comparison": comparison_key(group, attention, baseline, ours, pairs.index.tolist())}
+                    | {"verdict": judged}
                 )
-    found = pd.DataFrame(rows, columns=EFFECT_COLUMNS[:-2])
-    return corrected(found.astype({"seeds_needed": "Int64"}))
+    found = pd.DataFrame(rows, columns=RAW_EFFECT_COLUMNS)
+    return found.astype({"seeds_needed": "Int64"})
 
 
-EFFECT_COLUMNS = ["stage", "row", "attention", "column", "metric", "seeds", "diff", "ci_low", "ci_high", "p"]
-EFFECT_COLUMNS += ["paper_diff", "diff_pct", "paper_pct", "seeds_needed", "verdict", "p_holm", "verdict_holm"]
+RAW_EFFECT_COLUMNS = ["stage", "row", "attention", "column", "metric", "seeds", "diff", "ci_low", "ci_high", "p"]
+RAW_EFFECT_COLUMNS += ["p_signflip", "paper_diff", "paper_effect", "p_paper", "diff_pct", "paper_pct", "seeds_needed"]
+RAW_EFFECT_COLUMNS += ["comparison", "verdict"]
+EFFECT_COLUMNS = [*RAW_EFFECT_COLUMNS, "family", "p_holm", "p_paper_holm", "verdict_holm"]
 SHOWN_EFFECTS = ["stage", "row", "attention", "column", "seeds", "diff", "interval", "ours_pct", "paper_diff"]
 SHOWN_EFFECTS += ["paper_pct", "seeds_needed"]  # the Markdown's columns before the p-values and verdicts
 
 
-def corrected(effect: pd.DataFrame) -> pd.DataFrame:
-    """Holm over the table's family: every comparison the paper gives a direction for (one per variant, column,
-    stage and row; a number or a ``claims`` entry). A verdict survives when its adjusted p is below 0.05; otherwise
-    it becomes inconclusive."""
-    effect = effect.assign(p_holm=None, verdict_holm=effect["verdict"])
-    judged = effect.index[(effect["verdict"] != NO_PAPER_VALUE) & (effect["paper_diff"] != 0)]
-    if len(judged):
-        adjusted = holm(effect.loc[judged, "p"].tolist())
-        effect.loc[judged, "p_holm"] = adjusted
-        survives = [a < 0.05 for a in adjusted]
-        effect.loc[judged, "verdict_holm"] = [
-            v if keep else INCONCLUSIVE for v, keep in zip(effect.loc[judged, "verdict"], survives, strict=True)
-        ]
-    return effect
+def judged(effect: pd.DataFrame) -> pd.Series:
+    """The comparisons a verdict is drawn for: the paper gives a direction, and the differences are not all 0."""
+    return ~effect["verdict"].isin([NO_PAPER_VALUE, IDENTICAL])
+
+
+def family_name(table: dict[str, Any]) -> str:
+    """The family the table's verdicts are corrected over: its paper's (``family``), else the table alone."""
+    return table.get("family") or table["name"]
+
+
+def corrected(
+    effect: pd.DataFrame, table: dict[str, Any], siblings: Mapping[str, pd.DataFrame] | None = None
+) -> pd.DataFrame:
+    """The family's verdicts: the step-down of ``attnlab.tables.stats`` over every judged comparison of the paper's
+    tables at this scale (``siblings``: the other tables' raw effects by name). A comparison's "no effect" counts once
+    however many tables hold it; its "an effect at least the paper's" once per paper number set against it (Tables 3
+    and 7 hold the same SSA fine-tune against two). The ``family`` column names the family, its size and its tables."""
+    siblings = siblings or {}
+    family = pd.concat([effect[judged(effect)], *(s[judged(s)] for s in siblings.values())], ignore_index=True)
+    zero = family.drop_duplicates("comparison")
+    sized = family[family["p_paper"].notna()].drop_duplicates(["comparison", "paper_effect"])
+    hypotheses = [(key, None, p) for key, p in zip(zero["comparison"], zero["p"], strict=True)]
+    hypotheses += [
+        (key, effect_size, p)
+        for key, effect_size, p in zip(sized["comparison"], sized["paper_effect"], sized["p_paper"], strict=True)
+    ]
+    adjusted = dict(zip([(key, size) for key, size, _ in hypotheses], step_down(hypotheses), strict=True))
+    members = ", ".join(sorted([table["name"], *siblings]))
+    size = zero["comparison"].nunique()
+    effect = effect.assign(family=f"{family_name(table)}: {size} comparison{'s' * (size != 1)} in {members}")
+    mask = judged(effect)
+    rows = list(zip(effect["comparison"], effect["paper_effect"], effect["p_paper"], mask, strict=True))
+    effect["p_holm"] = [adjusted[(key, None)] if keep else None for key, _, _, keep in rows]
+    effect["p_paper_holm"] = [adjusted[(key, size)] if keep and not pd.isna(p) else None for key, size, p, keep in rows]
+    effect["verdict_holm"] = [
+        decide(row.diff, row.p_holm, None if pd.isna(row.p_paper_holm) else row.p_paper_holm, row.paper_direction)
+        if keep
+        else row.verdict
+        for row, keep in zip(effect.assign(paper_direction=directions(effect, table)).itertuples(), mask, strict=True)
+    ]
+    return effect[EFFECT_COLUMNS]
+
+
+def directions(effect: pd.DataFrame, table: dict[str, Any]) -> list[float]:
+    """The sign of each comparison's claim: the paper's difference, else its ``claims`` entry's direction."""
+    stated = claims(table)
+    found = []
+    for row in effect.itertuples():
+        claim = stated.get((row.attention, row.column))
+        found.append(row.paper_diff if not pd.isna(row.paper_diff) else DIRECTIONS[claim["direction"]] if claim else 0)
+    return found
 
 
 def percent(value: Any) -> str:
@@ -372,15 +411,10 @@ def to_markdown(
     lines += ["", f"## Each variant against {table['baseline']} (paired by seed, 95% t-interval)", ""]
     shares = "diff % and paper %" if has_paper else "diff %"
     lines += [f"{shares}: the difference as a share of the baseline's value (ours: its mean over seeds).", ""]
-    judged_by = "the paper gives a direction for" if has_paper else "a `claims` entry gives a direction for"
-    lines += [
-        f"p: the paired t-test behind the interval; Holm p: adjusted over every comparison {judged_by} in this "
-        "table (the verdict (Holm) column: a verdict whose Holm p is not below 0.05 becomes inconclusive).",
-        "",
-    ]
+    lines += verdicts_explained(effect, table, has_paper)
     if len(effect):
         shown = effect.assign(
-            interval=[f"[{lo:+.3f}, {hi:+.3f}]" for lo, hi in zip(effect["ci_low"], effect["ci_high"], strict=True)],
+            interval=[interval(lo, hi) for lo, hi in zip(effect["ci_low"], effect["ci_high"], strict=True)],
             ours_pct=[percent(v) for v in effect["diff_pct"]],
             paper_pct=[percent(v) for v in effect["paper_pct"]],
             seeds_needed=[seeds_label(v) for v in effect["seeds_needed"]],
@@ -391,22 +425,80 @@ def to_markdown(
         shown = shown.rename(columns=renamed).assign(
             attention=[variant_label(table, a) for a in effect["attention"]],
             p=effect["p"],
+            **({"p sign-flip": maybe(effect["p_signflip"])} if effect["p_signflip"].notna().any() else {}),
+            **({"p paper": maybe(effect["p_paper"])} if has_paper else {}),
             verdict=effect["verdict"],
-            **{"Holm p": pd.Series([None if pd.isna(v) else float(v) for v in effect["p_holm"]], dtype=object)},
+            **{"Holm p": maybe(effect["p_holm"])},
+            **({"Holm p paper": maybe(effect["p_paper_holm"])} if has_paper else {}),
             **{"verdict (Holm)": effect["verdict_holm"]},
         )
         formats = [".3g" if "p" in name.split() else "+.3f" for name in shown.columns]
         lines.append(shown.to_markdown(index=False, floatfmt=formats, missingval="-"))
-        family = int(effect["p_holm"].notna().sum())
-        for label, key in (
-            ("Verdicts", "verdict"),
-            (f"After Holm over the {family} judged comparisons", "verdict_holm"),
-        ):
-            counts = effect[key].value_counts().to_dict()
-            lines += ["", f"{label}: " + ", ".join(f"{k} {v}" for k, v in counts.items())]
+        if judged(effect).any():
+            lines += ["", f"Raw verdicts: {verdict_counts(effect['verdict'])}"]
+            lines += ["", f"After Holm over {effect['family'].iloc[0]}: {verdict_counts(effect['verdict_holm'])}"]
         lines += seeds_markdown(effect) if has_paper else []
     lines += claims_markdown(effect, table)
     return "\n".join(lines) + "\n"
+
+
+def interval(low: float, high: float) -> str:
+    """``[-0.120, +0.031]``; ``-`` where there is none (one seed)."""
+    return "-" if not (math.isfinite(low) and math.isfinite(high)) else f"[{low:+.3f}, {high:+.3f}]"
+
+
+def maybe(values: pd.Series) -> pd.Series:
+    """Floats as objects, so the Markdown prints ``-`` for a p-value that was not computed."""
+    return pd.Series([None if pd.isna(v) else float(v) for v in values], index=values.index, dtype=object)
+
+
+def verdict_counts(verdicts: pd.Series) -> str:
+    """``reproduces 1, opposite 0, smaller than the paper's 5, unresolved 2`` (and any unjudged labels after)."""
+    counts = verdicts.value_counts().to_dict()
+    rest = [f"{label} {n}" for label, n in counts.items() if label not in VERDICTS]
+    return ", ".join([*(f"{label} {counts.get(label, 0)}" for label in VERDICTS), *rest])
+
+
+def verdicts_explained(effect: pd.DataFrame, table: dict[str, Any], has_paper: bool) -> list[str]:
+    """What the p-values and the four verdicts mean, and which family the correction ran over; one line where no
+    comparison has a direction to judge."""
+    if not judged(effect).any():
+        return [
+            "p: the paired t-test (scipy's `ttest_rel`) behind the 95% interval. Nothing here is judged: no paper "
+            "gives a direction for these comparisons.",
+            "",
+        ]
+    family = effect["family"].iloc[0]
+    judged_by = "the paper gives a direction for" if has_paper else "a `claims` entry gives a direction for"
+    few = int(effect["seeds"].max()) if len(effect) else 0
+    lines = [
+        "p: the paired t-test (scipy's `ttest_rel`) behind the 95% interval, against no effect"
+        + (
+            "; p paper: against an effect at least the paper's (its share of our baseline), in the paper's direction: "
+            f"{TOST_NAME}"
+            if has_paper
+            else ""
+        )
+        + ". p sign-flip (from 6 seeds): the exact sign-flip permutation test, which assumes no normality.",
+        "",
+        "Verdicts: **reproduces** / **opposite**: the interval excludes 0 on the paper's side / the other; "
+        + ("**smaller than the paper's**: it holds 0 but excludes the paper's effect; " if has_paper else "")
+        + "**unresolved**: it holds 0"
+        + (" and the paper's effect" if has_paper else "")
+        + "; **identical**: every paired difference is 0 (nothing to test, not in the family).",
+        "",
+        f"Holm: over the family {family}, every comparison {judged_by} in those tables at this scale, each "
+        "once however many tables share it; a comparison's two hypotheses exclude each other, so a step counts "
+        "comparisons, not hypotheses (Shaffer's logical constraint; `attnlab.tables.stats`).",
+        "",
+    ]
+    if 1 < few < PERMUTATION_SEEDS:
+        lines += [
+            f"With {few} seeds no test that assumes nothing about the differences' distribution can go below "
+            f"p = {2 / 2**few:.3g} (the sign-flip floor): the t-test's smaller p-values lean on normality.",
+            "",
+        ]
+    return lines
 
 
 def seeds_label(value: Any) -> str:
@@ -479,7 +571,7 @@ def claims_markdown(effect: pd.DataFrame, table: dict[str, Any]) -> list[str]:
         f"## The papers' claims (their direction against {table['baseline']}, where no number fits this protocol)",
         "",
         "ours: the paired difference and its 95% interval in the column's units; ours %: as a share of the "
-        "baseline's mean. The verdicts are the effects table's (Holm over every judged comparison).",
+        "baseline's mean. The verdicts are the effects table's (raw, and Holm over the paper's family).",
         "",
         pd.DataFrame(rows).to_markdown(index=False),
     ]
@@ -505,15 +597,17 @@ def write(
     curves: pd.DataFrame | None = None,
     sections: Sequence[str] = (),
     status: str | None = None,
+    siblings: Mapping[str, pd.DataFrame] | None = None,
 ) -> str:
     """Write ``<table>.md``, ``<table>.csv`` (tidy), ``effects.csv`` and ``runs.csv`` under ``out_dir`` (and
     ``curves.csv`` when the table has training curves; ``sections``: more Markdown a report wrote; ``status``: a
-    line under the title, e.g. what a partial table lacks); with ``wandb_cfg``, also log the table to W&B
+    line under the title, e.g. what a partial table lacks; ``siblings``: the raw effects of the other tables of the
+    paper's family at this scale, for the correction); with ``wandb_cfg``, also log the table to W&B
     (``log_wandb``)."""
     records = with_derived(records)
     summary, effect, checks = (
         summarise(records, table, scale),
-        effects(records, table, scale),
+        effects(records, table, scale, siblings),
         phenomena(records, table, scale),
     )
     markdown = to_markdown(summary, effect, table, scale, checks, status)

@@ -14,6 +14,7 @@ from matplotlib.figure import Figure
 from attnlab.plots import EffectPanel, Panel, curves_figure, effects_figure, row_label, save, table_figure
 from attnlab.tables.collect import NO_PAPER_VALUE, variant_label
 from attnlab.tables.reports import COSTS_CSV
+from attnlab.tables.stats import IDENTICAL
 
 # what each logged metric measures, with its unit (a metric not named here is labelled by its name)
 METRIC_LABELS = {
@@ -87,7 +88,7 @@ class TableResults:
         for (stage, row, column), part in effects.groupby(["stage", "row", "column"], sort=False):
             labelled = part.assign(label=[variant_label(self.table, a) for a in part["attention"]]).set_index("label")
             bars = labelled[["diff", "ci_low", "ci_high"]].set_axis(["value", "low", "high"], axis=1)
-            judged = labelled[labelled["verdict"] != NO_PAPER_VALUE]["verdict_holm"].to_dict()
+            judged = labelled[~labelled["verdict"].isin([NO_PAPER_VALUE, IDENTICAL])]["verdict_holm"].to_dict()
             base = means.get((stage, row, column))
             xlabel = f"{units[column]}, variant - {baseline} ({baseline}: {base:.4g})"
             title = column if len(places) == 1 else f"{column}\n{stage}, {row}"

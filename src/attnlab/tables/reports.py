@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from attnlab.errors import ConfigError
-from attnlab.tables.collect import paired_interval, variant_label, verdict
+from attnlab.tables.collect import variant_label, verdict_counts
+from attnlab.tables.stats import decide, paired_test, step_down
 
 if TYPE_CHECKING:
     from attnlab.tables.engine import Cell, Engine
@@ -85,19 +86,23 @@ def pruning_section(
         for masked, at in per_seed.groupby(level="heads_pruned"):
             if masked == 0:
                 continue
-            diffs = (at["importance"] - at["random"]).tolist()
-            mean, low, high = paired_interval(diffs)
+            tested = paired_test(at["importance"].tolist(), at["random"].tolist())
             rows.append(
                 dict(zip(keys, key, strict=True))
                 | {"heads masked": f"{masked} of {heads}", "importance": at["importance"].mean()}
-                | {"random": at["random"].mean(), "diff": mean, "interval": f"[{low:+.4g}, {high:+.4g}]"}
-                | {"verdict": verdict(low, high, paper_diff=-1.0)}
+                | {"random": at["random"].mean(), "diff": tested.mean}
+                | {"interval": f"[{tested.low:+.4g}, {tested.high:+.4g}]", "p": tested.p}
+                | {"verdict": decide(tested.mean, tested.p, None, direction=-1.0)}
             )
         half = group[(group["order"] == "importance") & (group["heads_pruned"] == heads // 2)]
         per_layer = half["heads_kept_per_layer"].map(lambda s: [int(v) for v in str(s).split()])
         column = f"heads kept per layer, {heads // 2} masked (per seed)"
         kept.append(dict(zip(keys, key, strict=True)) | {column: list(per_layer)})
     effect = pd.DataFrame(rows)
+    effect["Holm p"] = step_down([(i, None, p) for i, p in enumerate(effect["p"])])  # one per masked count: Holm
+    effect["verdict (Holm)"] = [
+        decide(mean, p, None, direction=-1.0) for mean, p in zip(effect["diff"], effect["Holm p"], strict=True)
+    ]
     effect["attention"] = effect["attention"].map(lambda a: variant_label(table, a))
     missing = curves_missing(expected, have=set(zip(curves["attention"], curves["seed"], strict=True)))
     lines = [
@@ -107,9 +112,14 @@ def pruning_section(
         f"Perplexity with some of the {heads} heads masked (the configured fractions, rounded to whole heads); "
         "importance: least important first (mean over seeds); random: mean over seeds and random orders. diff = "
         "importance - random, paired by seed (95% t-interval); the paper's claim is that the importance order "
-        "degrades less (diff < 0). Curves: pruning_curves.csv, pruning_curves.png.",
+        "degrades less (diff < 0); p: the paired t-test; Holm p: over this section's comparisons (every variant and "
+        "masked count), the paper giving a direction but no size, so a verdict is reproduces, opposite or unresolved. "
+        "Curves: pruning_curves.csv, pruning_curves.png.",
         "",
         effect.to_markdown(index=False, floatfmt=".4g"),
+        "",
+        f"Raw verdicts: {verdict_counts(effect['verdict'])}. After Holm over {len(effect)}: "
+        f"{verdict_counts(effect['verdict (Holm)'])}.",
         "",
         pd.DataFrame(kept).to_markdown(index=False),
         "",

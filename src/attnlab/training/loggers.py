@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import secrets
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.loggers import Logger, WandbLogger
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from attnlab.errors import require
+from attnlab.files import write_atomic
 from attnlab.hub import wandb_mode
+from attnlab.slurm import TERMINATED
 from attnlab.training.sweeps import SweepJob, current_job
 
 # results.json entries that repeat a metric the run already logged under its own name (val/loss, outliers/...):
@@ -32,8 +36,16 @@ def wandb_logger(
     the table engine sets the group (``table3-cpu``), the job type (its stage) and extra tags (table, scale)."""
     Path(save_dir).mkdir(parents=True, exist_ok=True)
     name, group, tags = run_identity(name, group, [*tags, *extra_tags], experiment, current_job(), name_keys)
-    logger = WandbLogger(
-        project=project, save_dir=save_dir, group=group, job_type=job_type, tags=tags, name=name, mode=wandb_mode()
+    logger = ResumableWandbLogger(
+        project=project,
+        save_dir=save_dir,
+        group=group,
+        job_type=job_type,
+        tags=tags,
+        name=name,
+        mode=wandb_mode(),
+        id=run_id(Path(save_dir)),
+        resume="allow",
     )
     # Lightning always passes wandb.init an ``anonymous`` argument (None unless asked), which wandb >= 0.19 answers
     # with a warning that the setting has no effect; not passing it is the same run without the warning
@@ -82,6 +94,31 @@ def mlflow_logger(
     return MLFlowLogger(
         experiment_name=group, run_name=name, tracking_uri=tracking_uri, tags={tag: "true" for tag in tags}
     )
+
+
+class ResumableWandbLogger(WandbLogger):
+    """Lightning's ``WandbLogger`` that outlives its service process in a SLURM job being requeued: SLURM's SIGTERM
+    reaches W&B's service as it reaches training, and a failed send in the middle of the last step would stop that
+    step where last.ckpt cannot hold it (its batch drawn, its update not made); those metrics are dropped instead,
+    so the step ends, is saved, and the job resumes from it bit for bit."""
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        try:
+            super().log_metrics(metrics, step)
+        except ConnectionError as exc:
+            if not TERMINATED:
+                raise
+            rank_zero_warn(f"W&B's service ended with the job ({exc}); step {step}'s metrics are in csv/ only")
+
+
+def run_id(save_dir: Path) -> str:
+    """The W&B run id of the training run in ``save_dir``: made when it first starts and kept in ``wandb/run_id``, so
+    the same run resumed (a requeued SLURM job, ``ckpt_path=`` into its directory) continues that W&B run."""
+    path = save_dir / "wandb" / "run_id"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, secrets.token_hex(6))  # W&B takes any unique string as a run id
+    return path.read_text().strip()
 
 
 def run_identity(

@@ -37,6 +37,7 @@ from attnlab.runs import (
     validate_train_config,
     write_results,
 )
+from attnlab.slurm import cluster_plugins
 from attnlab.training.callbacks import TokenThroughput
 from attnlab.training.checkpointing import last_checkpoint_path
 from attnlab.training.guards import stop_cleanly
@@ -149,7 +150,8 @@ def run(cfg: DictConfig, evaluate: Evaluation | None = None) -> dict[str, Any]:
 
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
     loggers = [instantiate_logger(c) for c in (cfg.get("logger") or {}).values() if c is not None]
-    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    plugins = [*instantiate(cfg.trainer.get("plugins") or []), *cluster_plugins()]
+    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, plugins=plugins)
     require(
         not (in_multirun() and relaunches_command(trainer)),
         "trainer.devices",

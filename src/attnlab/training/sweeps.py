@@ -124,8 +124,8 @@ class SweepReport(Callback):
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         hydra_cfg = job_return.hydra_cfg.hydra if job_return.hydra_cfg is not None else None
-        if hydra_cfg is None or hydra_cfg.mode != RunMode.MULTIRUN:
-            return
+        if hydra_cfg is None or hydra_cfg.mode != RunMode.MULTIRUN or hydra_cfg.output_subdir is None:
+            return  # output_subdir null: a rank > 0 of a multi-process job (hydra/launcher=slurm); rank 0 records it
         record: dict[str, Any] = {
             "num": int(hydra_cfg.job.num),
             "sweep": os.environ.get(SWEEP_ID),

@@ -21,7 +21,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from attnlab.attention.base import AttentionShape, AttentionVariant, VariantOptions, register
+from attnlab.attention.base import AttentionShape, AttentionVariant, VariantOptions, compute_dtype, register
 from attnlab.attention.chunked import attend_in_chunks
 from attnlab.attention.flex import FlexMask, log_weight, unnormalised
 from attnlab.errors import require
@@ -58,7 +58,7 @@ class ClippedSoftmaxOptions(VariantOptions):
 
 @register("clipped_softmax")
 class ClippedSoftmax(AttentionVariant):
-    """o = clip((zeta - gamma) softmax(q k^T / sqrt(d_h)) + gamma, 0, 1) v, softmax in fp32."""
+    """o = clip((zeta - gamma) softmax(q k^T / sqrt(d_h)) + gamma, 0, 1) v, softmax in fp32 (or float64)."""
 
     Options = ClippedSoftmaxOptions
 
@@ -69,7 +69,7 @@ class ClippedSoftmax(AttentionVariant):
         self.gamma = options.gamma if options.gamma is not None else -options.alpha / context
 
     def probabilities(self, scores: Tensor) -> Tensor:
-        return torch.clamp((self.zeta - self.gamma) * torch.softmax(scores.float(), dim=-1) + self.gamma, 0, 1)
+        return torch.clamp((self.zeta - self.gamma) * torch.softmax(scores, dim=-1) + self.gamma, 0, 1)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout: float) -> Tensor:
         return attend_in_chunks(
@@ -78,9 +78,9 @@ class ClippedSoftmax(AttentionVariant):
 
     def flex_attend(self, q: Tensor, k: Tensor, v: Tensor, flex: FlexMask) -> Tensor:
         _, lse = flex.attend(q, k, v, self.scale, lse=True)
-        # zeta - gamma and gamma as a captured fp32 tensor: captured Python floats that differ between layers or
-        # models would make dynamo turn them into symbols that flex's kernel cannot take
-        stretch_gamma = torch.tensor([self.zeta - self.gamma, self.gamma], device=q.device)
+        # zeta - gamma and gamma as a captured tensor (fp32, or float64 for float64 inputs): captured Python floats
+        # that differ between layers or models would make dynamo turn them into symbols that flex's kernel cannot take
+        stretch_gamma = torch.tensor([self.zeta - self.gamma, self.gamma], device=q.device, dtype=compute_dtype(q))
 
         def clipped_log(score: Tensor, batch: Tensor, head: Tensor, query: Tensor, key: Tensor) -> Tensor:
             # masked keys are dropped by the block mask after this; the min keeps their exp from overflowing

@@ -1,7 +1,14 @@
-"""Conditional head gate (Bondarenko et al. 2023, eq. 5-7; spec section 3): a head can switch itself off.
+"""Conditional head gate (Bondarenko et al. 2023, eq. 5-7): a head can switch itself off.
 
 ``o_h <- pi_h,t * o_h`` before ``W_o``, with ``pi_h,t = sigmoid(G_h(x_t,h-slice))`` computed from the h-th block
 of d_h features of the layer input x (not of q/k/v). ``G_h`` is shared across positions, not across heads.
+
+Init, ``gate_init``: ``every_gate`` (default, our rule) gives every gate type's last layer the bias logit(pi_init)
+and, at fine-tuning, N(0, ``finetune_weight_std``) weights (std 0: the start is exactly the pretrained layer).
+``reference`` is Qualcomm-AI-research/outlier-free-transformers@1e59744972da808a90d9996027bfc274689594b8
+(``transformers_language/models/opt_attention.py``): only the per-head linear gate gets bias logit(pi_init), and
+N(0, 1e-3) weights at fine-tuning; the mlp and all-features gates keep ``nn.Linear``'s default init (bias too).
+Both scale the gate by 1 / pi_init when fine-tuning (the reference's ``gate_scaling_factor``).
 """
 
 from __future__ import annotations
@@ -17,16 +24,20 @@ from attnlab.attention.base import AttentionContext, AttentionShape, AttentionVa
 from attnlab.errors import require, require_choice
 
 GATE_TYPES = ("linear", "mlp", "all_features")
+GATE_INITS = ("every_gate", "reference")
+REFERENCE_FINETUNE_STD = 1e-3  # the reference's fine-tuning std of the linear gate's weights (its OPT code)
 
 
 @dataclass
 class HeadGateOptions(VariantOptions):
     gate_type: str = "linear"  # linear: Linear(d_h, 1); mlp: Linear(d_h, d_h//4)-ReLU-Linear(., 1); all_features
     pi_init: float = 0.25  # gate value at init: bias = logit(pi_init) (their OPT runs; 0.5 gives bias 0)
-    finetune_weight_std: float = 0.0  # std of the last layer's weights at fine-tuning init (the paper: 1e-3)
+    finetune_weight_std: float = 0.0  # std of the last layer's weights at fine-tuning init (every_gate's rule)
+    gate_init: str = "every_gate"  # every_gate: bias logit(pi_init) for every gate type | reference: as Qualcomm's
 
     def __post_init__(self) -> None:
         require_choice(self.gate_type, GATE_TYPES, "attention.gate_type")
+        require_choice(self.gate_init, GATE_INITS, "attention.gate_init")
         require(0 < self.pi_init < 1, "attention.pi_init", f"must be in (0, 1), got {self.pi_init}")
         require(self.finetune_weight_std >= 0, "attention.finetune_weight_std", "must be >= 0")
 
@@ -55,20 +66,31 @@ class HeadGate(AttentionVariant):
         self.register_buffer("output_scale", torch.ones(()))
         self.reset_parameters()
 
+    @property
+    def biased_to_pi_init(self) -> bool:
+        """Whether the last layer's bias starts at logit(pi_init): every gate, or the linear one only (reference)."""
+        return self.options.gate_init == "every_gate" or self.options.gate_type == "linear"
+
     def reset_parameters(self) -> None:
-        """nn.Linear's default weights U(+-1/sqrt(fan_in)), bias = logit(pi_init), output_scale 1."""
+        """nn.Linear's default weights U(+-1/sqrt(fan_in)), bias = logit(pi_init) (else nn.Linear's), output_scale 1."""
         if self.options.gate_type == "mlp":
             bound = 1 / math.sqrt(self.shape.head_dim)
             nn.init.uniform_(self.hidden_weight, -bound, bound)
             nn.init.uniform_(self.hidden_bias, -bound, bound)
         bound = 1 / math.sqrt(self.weight.shape[1])
         nn.init.uniform_(self.weight, -bound, bound)
-        nn.init.constant_(self.bias, math.log(self.options.pi_init / (1 - self.options.pi_init)))
+        if self.biased_to_pi_init:
+            nn.init.constant_(self.bias, math.log(self.options.pi_init / (1 - self.options.pi_init)))
+        else:
+            nn.init.uniform_(self.bias, -bound, bound)
         self.output_scale.fill_(1.0)
 
     def init_for_finetuning(self) -> None:
         self.reset_parameters()
-        nn.init.normal_(self.weight, 0.0, self.options.finetune_weight_std)
+        if self.options.gate_init == "every_gate":
+            nn.init.normal_(self.weight, 0.0, self.options.finetune_weight_std)
+        elif self.options.gate_type == "linear":
+            nn.init.normal_(self.weight, 0.0, REFERENCE_FINETUNE_STD)
         self.output_scale.fill_(1 / self.options.pi_init)
 
     def gate_logits(self, x: Tensor) -> Tensor:

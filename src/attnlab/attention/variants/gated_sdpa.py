@@ -1,10 +1,15 @@
-"""Gated attention (Qiu et al. 2025, seed 002; spec section 4): a sigmoid gate from x modulates one tensor.
+"""Gated attention (Qiu et al. 2025): a sigmoid gate from x modulates one tensor.
 
 ``g = act(x W_g + b_g)`` from the same normalised x as q/k/v, at each token; ``y <- y * g`` (or ``y + g``) where
 y is the SDPA output (G1, default), v (G2), k (G3), q (G4, after RoPE: the hook's order) or the output after
 W_o (G5). Elementwise: one gate per feature of each head; headwise: one scalar per head. The seed's point:
 a bounded, query-dependent gate adds non-linearity after the low-rank W_v W_o and sparsifies the output,
 removing the attention sink (only at the SDPA output, not at v).
+
+The reference (qiuzh20/gated_attention@df42212f08f0ab69d3b26956d61feff730dc3804 ``modeling_qwen3.py``) computes the
+gate as extra output rows of ``q_proj``, so b_g exists only when the attention projections have a bias
+(``qkv_bias``; Qwen3 has none). Ours always has one by default (``gate_bias=true``: a learned offset, which the
+multiplicative SiLU gate's exact fine-tuning start needs); ``gate_bias=false`` is the reference's bias-free gate.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ class GateOptions(VariantOptions):
     share_across_heads: bool = False  # one W_g block reused by every head (the seed: loses the benefit)
     init_std: float = 0.02  # W_g ~ N(0, init_std), b_g = 0
     finetune_weight_std: float = 0.0  # W_g ~ N(0, this) at fine-tuning init; 0 makes the start exact
+    gate_bias: bool = True  # b_g; false: none, as the reference on projections without bias (Qwen3)
 
     def __post_init__(self) -> None:
         require_choice(self.position, POSITIONS, "attention.position")
@@ -73,19 +79,26 @@ class Gate(AttentionVariant):
         self.width = shape.head_dim if options.granularity == "elementwise" else 1
         self.multiplicative = options.form == "multiplicative"
         self.activation = ACTIVATIONS[options.activation]
-        self.proj = nn.Linear(shape.n_embd, self.gates * self.width)
+        self.proj = nn.Linear(shape.n_embd, self.gates * self.width, bias=options.gate_bias)
         self.register_buffer("neutral", torch.tensor(1.0 if self.multiplicative else 0.0))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         nn.init.normal_(self.proj.weight, 0.0, self.options.init_std)
-        nn.init.zeros_(self.proj.bias)
+        if self.proj.bias is not None:
+            nn.init.zeros_(self.proj.bias)
         self.neutral.fill_(1.0 if self.multiplicative else 0.0)
 
     def init_for_finetuning(self) -> None:
         b0 = 1.0 if self.multiplicative and self.options.activation == "silu" else 0.0
+        require(
+            self.proj.bias is not None or b0 == 0.0,
+            "attention.gate_bias",
+            "a multiplicative silu gate starts neutral only through its bias (silu(0) = 0); set true to fine-tune it",
+        )
         nn.init.normal_(self.proj.weight, 0.0, self.options.finetune_weight_std)
-        nn.init.constant_(self.proj.bias, b0)
+        if self.proj.bias is not None:
+            nn.init.constant_(self.proj.bias, b0)
         self.neutral.copy_(self.activation(torch.full_like(self.neutral, b0)))
 
     def modulate(self, x: Tensor, y: Tensor) -> Tensor:

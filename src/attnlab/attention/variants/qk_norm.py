@@ -40,7 +40,8 @@ class QKNormOptions(VariantOptions):
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * w over the last dimension in fp32; Qwen3 multiplies the weight after casting back, OLMo 2 before."""
+    """x / rms(x) * w over the last dimension in fp32 (float64 inputs in float64); Qwen3 multiplies the weight after
+    casting back, OLMo 2 before."""
 
     def __init__(self, width: int, eps: float, weight_in_fp32: bool) -> None:
         super().__init__()
@@ -49,7 +50,8 @@ class RMSNorm(nn.Module):
         self.weight_in_fp32 = weight_in_fp32
 
     def forward(self, x: Tensor) -> Tensor:
-        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        wide = x.to(torch.promote_types(x.dtype, torch.float32))  # fp32, as the references; float64 stays float64
+        normed = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.weight_in_fp32:
             return (self.weight * normed).to(x.dtype)
         return self.weight * normed.to(x.dtype)

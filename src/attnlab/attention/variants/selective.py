@@ -28,6 +28,7 @@ from attnlab.attention.base import (
     IntermediateHook,
     VariantOptions,
     causal_bias,
+    compute_dtype,
     masked,
     register,
     unchanged,
@@ -43,7 +44,7 @@ class SelectiveOptions(VariantOptions):
 @register("selective")
 class SelectiveAttention(AttentionVariant):
     """softmax(s - F) v with F the exclusive cumulative sum of the selecting head's relu(s), first column and
-    diagonal zeroed; fp32, explicit path."""
+    diagonal zeroed; fp32 (float64 for float64 inputs), explicit path."""
 
     Options = SelectiveOptions
 
@@ -64,10 +65,11 @@ class SelectiveAttention(AttentionVariant):
         """F (B, 1, t_q, t_k) for the last t_q of the t_k positions, from the selector queries stored with k."""
         dh, head = self.shape.head_dim, self.options.selection_head
         groups = self.shape.n_head // k.shape[1]
-        keys, selector = k[:, head // groups, :, :dh].float(), k[:, 0, :, dh:].float()  # (B, t_k, dh) each
+        dtype = compute_dtype(k)
+        keys, selector = k[:, head // groups, :, :dh].to(dtype), k[:, 0, :, dh:].to(dtype)  # (B, t_k, dh) each
         t_k = keys.shape[1]
-        logits = (selector @ keys.transpose(-2, -1)) * self.scale + causal_bias(t_k, t_k, k.device)
-        keep = torch.ones(t_k, t_k, device=k.device)
+        logits = (selector @ keys.transpose(-2, -1)) * self.scale + causal_bias(t_k, t_k, k.device, dtype)
+        keep = torch.ones(t_k, t_k, device=k.device, dtype=dtype)
         keep[:, 0] = 0  # never hide the first token
         keep.fill_diagonal_(0)  # a token does not hide itself
         selected = torch.relu(logits) * keep
@@ -102,6 +104,6 @@ class SelectiveAttention(AttentionVariant):
     ) -> tuple[Tensor, Tensor]:
         scores = masked(self.scaled_scores(q, k[..., : self.shape.head_dim], hook), mask, is_causal)
         probs = hook("probabilities", torch.softmax(scores - self.selection(k, q.shape[2]), dim=-1))
-        values = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1).float()
+        values = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1).to(probs.dtype)
         context = hook("context", F.dropout(probs, p=dropout) @ values)
         return context.to(q.dtype), probs

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab.attention.base import AttentionShape, AttentionVariant, VariantOptions, register
+from attnlab.attention.base import AttentionShape, AttentionVariant, VariantOptions, compute_dtype, register
 from attnlab.attention.chunked import attend_in_chunks
 from attnlab.attention.flex import FlexMask, unnormalised
 from attnlab.errors import require
@@ -55,7 +55,7 @@ class SigmoidAttention(AttentionVariant):
         self.bias = options.bias if options.bias is not None else -math.log(context)
 
     def probabilities(self, scores: Tensor) -> Tensor:
-        return torch.sigmoid(scores.float() + self.bias)
+        return torch.sigmoid(scores + self.bias)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout: float) -> Tensor:
         return attend_in_chunks(
@@ -63,7 +63,8 @@ class SigmoidAttention(AttentionVariant):
         )
 
     def flex_attend(self, q: Tensor, k: Tensor, v: Tensor, flex: FlexMask) -> Tensor:
-        bias = torch.tensor(self.bias, device=q.device)  # a captured tensor, not a float (see clipped_softmax)
+        # a captured tensor, not a float (see clipped_softmax)
+        bias = torch.tensor(self.bias, device=q.device, dtype=compute_dtype(q))
 
         def log_sigmoid(score: Tensor, batch: Tensor, head: Tensor, query: Tensor, key: Tensor) -> Tensor:
             return F.logsigmoid(score + bias)

@@ -19,7 +19,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from attnlab.attention.base import AttentionShape, AttentionVariant, VariantOptions, register, register_preset
+from attnlab.attention.base import (
+    AttentionShape,
+    AttentionVariant,
+    VariantOptions,
+    compute_dtype,
+    register,
+    register_preset,
+)
 from attnlab.attention.chunked import over_query_chunks
 from attnlab.attention.flex import FlexMask
 from attnlab.errors import require, require_choice
@@ -62,7 +69,7 @@ class Sink(AttentionVariant):
 
     def probabilities(self, scores: Tensor) -> Tensor:
         """gpt-oss ``sdpa``: append s_h as a last column, softmax, drop it."""
-        sinks = self.sinks.float().view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        sinks = self.sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
         return torch.softmax(torch.cat([scores, sinks], dim=-1), dim=-1)[..., :-1]
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout: float) -> Tensor:
@@ -75,14 +82,16 @@ class Sink(AttentionVariant):
 
     def with_sink(self, o: Tensor, lse: Tensor) -> Tensor:
         """The output softmax(s) v times each row's mass not given to the sink, sigmoid(lse - s_h)."""
-        kept = torch.sigmoid(lse - self.sinks.float().view(1, -1, 1, 1))
+        kept = torch.sigmoid(lse - self.sinks.to(lse.dtype).view(1, -1, 1, 1))
         self.record("sink_mass", 1 - kept)
         return o * kept.to(o.dtype)
 
     def _lse(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
-        """Log-sum-exp of a chunk's fp32 scaled scores (v is unused: the chunk helper passes it along)."""
+        """Log-sum-exp of a chunk's scaled scores in ``compute_dtype`` (v is unused: the chunk helper passes it
+        along)."""
+        dtype = compute_dtype(q)
         with torch.autocast(q.device.type, enabled=False):
-            scores = (q.float() @ k.float().transpose(-2, -1)) * self.scale
+            scores = (q.to(dtype) @ k.to(dtype).transpose(-2, -1)) * self.scale
             return torch.logsumexp(scores if bias is None else scores + bias, dim=-1, keepdim=True)
 
 

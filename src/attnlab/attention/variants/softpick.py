@@ -39,7 +39,6 @@ class Softpick(AttentionVariant):
     Options = SoftpickOptions
 
     def probabilities(self, scores: Tensor) -> Tensor:
-        scores = scores.float()
         shift = scores.max(dim=-1, keepdim=True).values
         shifted = torch.exp(scores - shift) - torch.exp(-shift)  # exp(s) - 1, divided by exp(m)
         magnitude = torch.where(scores.isfinite(), shifted.abs(), 0)

@@ -1,7 +1,11 @@
-"""Scalable-Softmax, SSMax (Nakanishi 2025; spec section 9): logits times s_h * log n_t before the softmax.
+"""Scalable-Softmax, SSMax (Nakanishi 2025): logits times s_h * log n_t before the softmax.
 
-n_t = t + 1 is the number of keys query t sees (absolute position, so also right with a KV cache and a window that
-starts mid-sequence); s_h is learned per layer and head. The factor is per query, so it is applied to q (after RoPE;
+The paper's n is the number of keys in the softmax; here n_t = t + 1, the query's absolute position plus one. The two
+agree on a full sequence and with a KV cache (query t sees t + 1 keys); they differ only for a window evaluated
+without its past (``start_pos > 0``, no cache), where the paper's n would restart at 1. We keep the absolute
+position there on purpose: each query is then scaled as the model scaled it at that position in training, so a
+window's outputs do not depend on where the window was cut (the convention of SSA's position term too).
+s_h is learned per layer and head. The factor is per query, so it is applied to q (after RoPE;
 a scalar commutes with it) and attention stays on the fused SDPA kernel. No official code exists; the init
 ``s_init = 0.43`` is the value the paper's text uses (Fig. 1: "The scaling parameter s of SSMax is set to 0.43";
 an unofficial port keeps it fixed at 0.43). The paper's training init is not stated in the text we could read:
@@ -18,7 +22,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from attnlab.attention.base import AttentionContext, AttentionShape, AttentionVariant, VariantOptions, register
+from attnlab.attention.base import (
+    AttentionContext,
+    AttentionShape,
+    AttentionVariant,
+    VariantOptions,
+    compute_dtype,
+    register,
+)
 from attnlab.errors import require
 
 
@@ -49,7 +60,7 @@ class SSMax(AttentionVariant):
         return ["logit_scale"]
 
     def transform_qkv(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext):
-        log_n = torch.log(ctx.positions.float() + 1).unsqueeze(-1)  # (T, 1), absolute positions
+        log_n = torch.log(ctx.positions.to(compute_dtype(q)) + 1).unsqueeze(-1)  # (T, 1), absolute positions
         scale = self.s.view(-1, 1, 1) * log_n  # (H, T, 1)
         self.record("logit_scale", scale.expand(*q.shape[:-1], 1))
         return q * scale.to(q.dtype), k, v

@@ -4,8 +4,10 @@ logs ``outliers/max_inf_norm``, ``outliers/kurtosis_mean`` and ``outliers/kurtos
 its first ``batches`` validation batches (the same text each time), with ``activation_outliers``'s module set.
 With ``sinks: true`` it also logs ``sinks/sink_share``, ``sinks/first_token_share`` and
 ``sinks/attention_entropy_normalized`` (``attention_sinks``; 1 is uniform attention, near 0 every query reads one
-key, the first or another) on the same batches, so the attention sink's emergence is a curve too: one more forward
-per monitored batch, through the plain-math path that exposes the maps, after the validation step (the validation
+key, the first or another) on the same batches, and Gu et al.'s ``sinks/sink_epsilon`` (``sink_epsilon``: the
+share of heads whose mean attention on the first token of a 64-token window exceeds 0.3; ``sinks/sink_epsilon_layer<i>``
+per layer), so the attention sink's emergence is a curve too: one more forward per monitored batch (two with
+Sink^eps), through the plain-math path that exposes the maps, after the validation step (the validation
 loss is untouched). A model with a learned temperature (SSA and its ablations) also logs
 ``temperatures/token_spread`` (``token_temperature_spread``: 0 at initialisation), so whether the temperatures have
 learned anything is a curve as well (``temperatures: false`` turns it off)."""
@@ -20,7 +22,7 @@ import torch
 
 from attnlab.eval.analysis.outliers import OutlierStatistics
 from attnlab.eval.analysis.selectivity import token_temperature_spread
-from attnlab.eval.analysis.sinks import attention_sinks
+from attnlab.eval.analysis.sinks import SINK_WINDOW, attention_sinks, sink_epsilon
 from attnlab.nn_utils import forward_hooks
 
 
@@ -85,6 +87,11 @@ class OutlierMonitor(L.Callback):
                     logged["sinks/sink_share"] = sinks["sink_share"]
                 if sinks["attention_entropy_normalized"] is not None:
                     logged["sinks/attention_entropy_normalized"] = sinks["attention_entropy_normalized"]
+                if self.monitored_inputs[0].shape[1] >= SINK_WINDOW:  # rows too short for Gu et al.'s window: none
+                    gu = sink_epsilon(pl_module.model, self.monitored_inputs)
+                    logged["sinks/sink_epsilon"] = gu["sink_epsilon"]
+                    for layer, value in enumerate(gu["sink_epsilon_per_layer"]):
+                        logged[f"sinks/sink_epsilon_layer{layer}"] = value
             if self.temperatures and self.monitored_inputs:
                 spread = token_temperature_spread(pl_module.model, self.monitored_inputs)
                 if spread is not None:  # only models with a learned temperature

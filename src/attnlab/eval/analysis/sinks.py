@@ -1,8 +1,10 @@
-"""Attention sinks and gates (Qiu et al. 2025, seed 002): does a layer dump attention on the first token, how
-large do its activations get, and how sparse are its gate values?"""
+"""Attention sinks and gates (Qiu et al. 2025): does a layer dump attention on the first token, how large do its
+activations get, and how sparse are its gate values? Beside our first-token shares, Gu et al.'s Sink^eps (ICLR 2025),
+the share of heads whose mean attention on the first token of a short window exceeds eps."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -21,6 +23,9 @@ from attnlab.eval.analysis.common import (
     unwrap,
 )
 from attnlab.nn_utils import forward_hooks
+
+log = logging.getLogger(__name__)
+SINK_EPSILON, SINK_WINDOW, SINK_WINDOWS = 0.3, 64, 100  # Gu et al.'s eps, window length T and number of windows
 
 
 @torch.no_grad()
@@ -79,6 +84,67 @@ def attention_sinks(model: nn.Module, tokens: Tokens, skip: int = 4, deep_skip: 
         "attention_entropy": (entropy[0] / entropy[2]).item() if entropy[2] else None,
         "attention_entropy_normalized": (entropy[1] / entropy[2]).item() if entropy[2] else None,
     }
+
+
+@torch.no_grad()
+def sink_epsilon(
+    model: nn.Module,
+    tokens: Tokens,
+    epsilon: float = SINK_EPSILON,
+    window: int = SINK_WINDOW,
+    max_windows: int = SINK_WINDOWS,
+) -> dict[str, Any]:
+    """Gu et al.'s Sink^eps (ICLR 2025, "When Attention Sink Emerges in Language Models"; sail-sg/Attention-Sink
+    ``eval_sink_open_source.py`` ``compute_attention_sink``, commit af49727): the attention a head puts on key 0 of
+    a window, averaged over all ``window`` queries (query 0 included, as their ``ratios`` divide key 0's column by
+    T), compared with ``epsilon`` per window, layer and head; Sink^eps is the share of (window, layer, head) above it.
+
+    Windows are the first ``window`` tokens of each row (at most ``max_windows`` rows; shorter rows are skipped): on
+    packed text a row starts anywhere in a document, so there is no BOS, as in their pipeline. Per layer and head:
+    ``sink_epsilon_per_head`` (share of windows above eps) and ``first_token_share_per_head`` (the mean itself)."""
+    model = unwrap(model)
+    n_layer, n_head = len(model.blocks), model.config.n_head
+    above = torch.zeros(n_layer, n_head, dtype=torch.float64)
+    share = torch.zeros(n_layer, n_head, dtype=torch.float64)
+
+    def add(i: int, probabilities: Tensor) -> None:
+        first = probabilities[..., 0].double().mean(dim=-1)  # (B, H): mean over the window's queries
+        above[i] += (first > epsilon).sum(dim=0).cpu()
+        share[i] += first.sum(dim=0).cpu()
+
+    batches = [batch[:, :window] for batch in as_batches(tokens, device_of(model)) if batch.shape[1] >= window]
+    counted = 0
+    with evaluating(model), attention_maps(model, add):
+        for batch in batches:
+            batch = batch[: max_windows - counted]
+            if batch.numel() == 0:
+                break
+            model(batch)
+            counted += batch.shape[0]
+    if counted == 0:
+        raise ValueError(f"no row has the {window} tokens of a Sink^eps window")
+    above /= counted
+    share /= counted
+    return {
+        "epsilon": epsilon,
+        "window": window,
+        "windows": counted,
+        "sink_epsilon": above.mean().item(),
+        "sink_epsilon_per_layer": above.mean(dim=1).tolist(),
+        "sink_epsilon_per_head": above.tolist(),
+        "first_token_share_per_head": share.tolist(),
+    }
+
+
+def sink_heads_figure(section: dict[str, Any], title: str):
+    """The per-head first-token share (layers x heads) of ``sink_epsilon`` as a heat map."""
+    from attnlab.plots import heads_figure
+
+    caption = (
+        f"mean attention on the first token of {section['windows']} windows of {section['window']} tokens; "
+        f"Sink^eps (eps = {section['epsilon']:g}) = {section['sink_epsilon']:.3f}"
+    )
+    return heads_figure(section["first_token_share_per_head"], title, caption, "first-token share")
 
 
 def row_entropy(weights: Tensor, first_query: int) -> Tensor:
@@ -159,6 +225,31 @@ def entropy_lines(section: dict[str, Any]) -> list[str]:
 def _sinks(inputs: AnalysisInputs) -> dict[str, Any]:
     options = inputs.options
     return attention_sinks(inputs.model, inputs.map_batches, options["sink_skip"], options["sink_deep_skip"])
+
+
+@register_metric(
+    "sink_epsilon",
+    # Gu et al.'s eps, window length and number of windows; the windows are the first tokens of the held-out rows
+    # the perplexity-type metrics read (at most eval_max_tokens), so they can be many more than max_tokens allows
+    options={"sink_epsilon": SINK_EPSILON, "sink_window": SINK_WINDOW, "sink_windows": SINK_WINDOWS},
+    headline={"sink_epsilon": "sink_epsilon"},
+    describe=lambda s: [per_layer_line(f"Sink^eps ({s['epsilon']:g}, T={s['window']})", s["sink_epsilon_per_layer"])],
+)
+def _sink_epsilon(inputs: AnalysisInputs) -> dict[str, Any] | None:
+    from attnlab.plots import save
+
+    options = inputs.options
+    if all(batch.shape[1] < options["sink_window"] for batch in inputs.batches):
+        log.info("analysis: Sink^eps left out: no held-out row has its %d-token window", options["sink_window"])
+        return None  # a shorter window is another metric (Sink^eps falls as T grows)
+    section = sink_epsilon(
+        inputs.model, inputs.batches, options["sink_epsilon"], options["sink_window"], options["sink_windows"]
+    )
+    gpt = unwrap(inputs.model)
+    title = f"attention={gpt.attention_config.get('name', 'vanilla')}: first-token share per head"
+    save(sink_heads_figure(section, title), inputs.out / "sink_heads.png")
+    inputs.files.append("sink_heads.png")
+    return section
 
 
 @register_metric(
