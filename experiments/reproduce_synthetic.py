@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import attnlab.resolvers  # noqa: F401  (registers ${run_id:} before Hydra composes the config)
 import paper_numbers
+from attnlab.cli import reproducible_kernels
 from attnlab.synthetic.tables import run
 
 PAPER = {"table1": paper_numbers.TABLE1, "table2": paper_numbers.TABLE2}
@@ -30,4 +31,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    reproducible_kernels()  # the numbers the committed tables hold (attnlab/numerics.py)
     main()

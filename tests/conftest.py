@@ -18,6 +18,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
 import attnlab.resolvers  # noqa: F401
+from attnlab.numerics import pin_cpu_kernels
+
+pin_cpu_kernels()  # the numbers the commands give (importing attnlab does not pin them): before any torch operation
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"

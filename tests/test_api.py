@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 import attnlab
 from attnlab.errors import ConfigError
@@ -41,6 +42,48 @@ def test_train_returns_its_results_and_writes_the_run_as_the_console_script_does
 def test_a_bad_value_raises_before_anything_is_written(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"^optim\.lr"):
         attnlab.train([*TINY, "optim.lr=-1", f"paths.root_dir={tmp_path}"])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_each_call_is_its_own_run_and_last_resumes_into_a_new_one(trained: tuple[Path, dict], data_cache: Path) -> None:
+    """A notebook or a Python sweep trains several times in one process: every call gets a run id (a directory) of
+    its own, and ``ckpt_path=last`` continues the newest run in a new directory, leaving the old one as it was."""
+    project, first = trained
+    paths = [f"paths.root_dir={project}", f"paths.cache_dir={data_cache}"]
+    second = attnlab.train([*TINY, "seed=2", *paths])
+    longer = [o for o in TINY if not o.startswith("trainer.max_steps=")]
+    resumed = attnlab.train([*longer, "seed=2", "ckpt_path=last", "trainer.max_steps=4", *paths])
+    runs = [Path(r["output_dir"]) for r in (first, second, resumed)]
+    assert len(set(runs)) == 3 and all((run / "results.json").is_file() for run in runs)
+    assert all((run / "loss_curves.png").is_file() for run in runs)  # every run draws its losses
+    logged = yaml.safe_load((runs[1] / "csv" / "hparams.yaml").read_text())  # what W&B's config panel shows too
+    assert set(logged) == {"experiment_name", "seed", "model", "attention", "optim", "schedule_steps", "data"} | {
+        "trainer",
+        "train_tokens",
+        "global_batch_tokens",
+    }
+    assert logged["seed"] == 2 and logged["model"]["n_embd"] == 32 and "_target_" not in str(logged)
+    assert str(project) not in str(logged)  # no paths of this machine
+    assert "Tip:" not in (runs[1] / "train.log").read_text()  # Lightning's litlogger / litmodels advertising
+    assert resumed["steps"] == 4 and not list(runs[1].glob(".hydra-*"))  # resumed from the second run's last.ckpt
+    assert json.loads((runs[1] / "results.json").read_text())["steps"] == 3
+
+
+def test_errors_are_config_errors_naming_the_key(trained: tuple[Path, dict], tmp_path: Path) -> None:
+    """What the command line prints as one line, the library raises as ``ConfigError`` (never ``SystemExit``)."""
+    project, results = trained
+    with pytest.raises(ConfigError, match=r"^no_such_key: .*no_such_key"):
+        attnlab.train([*TINY, "no_such_key=1", f"paths.root_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match=r"^model: .*model/huge"):
+        attnlab.train([*TINY, "model=huge", f"paths.root_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match=r"^hydra\.run\.dir: .*holds a finished run"):
+        attnlab.train([*TINY, f"hydra.run.dir={results['output_dir']}", f"paths.root_dir={project}"])
+    with pytest.raises(ConfigError, match=r"^path: no such file or directory: outputs/api/doesnotexist"):
+        attnlab.load("outputs/api/doesnotexist")
+    with pytest.raises(ConfigError, match=r"^path: .* holds neither"):
+        attnlab.load(tmp_path)
+    with pytest.raises(ConfigError, match=r"^checkpoint: no such file: run/last\.ckpt"):
+        attnlab.evaluate("run/last.ckpt")
     assert list(tmp_path.iterdir()) == []
 
 

@@ -1,4 +1,5 @@
-"""experiments/compare.py: a sweep's runs -> one table and, beside it, a figure of the loss curves over seeds."""
+"""attnlab-compare (attnlab/compare.py, python experiments/compare.py in a clone): a sweep's runs -> one table and,
+beside it, a figure of the loss curves over seeds; a single run's figure, which every training run draws."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 import yaml
-from experiments import compare
 
+from attnlab import compare
 from tests.conftest import ROOT
 
 
@@ -41,9 +42,10 @@ def test_loss_curves_read_each_runs_metrics_with_the_later_row_of_a_repeated_ste
 
 
 def test_compare_writes_the_figure_beside_its_table(tmp_path: Path) -> None:
+    """The installed command (a pip user has no experiments/)."""
     fake_sweep(tmp_path / "sweep")
     out = tmp_path / "results"
-    command = [sys.executable, str(ROOT / "experiments" / "compare.py"), str(tmp_path / "sweep"), "--out", str(out)]
+    command = [str(Path(sys.executable).with_name("attnlab-compare")), str(tmp_path / "sweep"), "--out", str(out)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in out.iterdir()) == ["curves.png", "table.csv", "table.md"]
@@ -62,3 +64,13 @@ def test_runs_without_logged_losses_give_a_table_and_no_figure(tmp_path: Path) -
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in out.iterdir()) == ["table.csv", "table.md"] and "no curves.png" in done.stderr
+
+
+def test_a_single_run_draws_its_own_curves(tmp_path: Path) -> None:
+    fake_sweep(tmp_path, seeds=1)
+    run = next(tmp_path.glob("1_*"))
+    written = compare.run_figure(run, json.loads((run / "results.json").read_text()))
+    assert written == run / "loss_curves.png" and written.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (run / "csv" / "metrics.csv").unlink()
+    (run / "loss_curves.png").unlink()
+    assert compare.run_figure(run, {"attention": "vanilla", "model": "tiny"}) is None

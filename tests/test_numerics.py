@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from attnlab import numerics
+from attnlab.errors import ConfigError
 from tests.conftest import ROOT
 
 PORTABLE = numerics.platform.machine().lower() in ("x86_64", "amd64") and numerics.cpu_has_avx2()
@@ -55,24 +56,41 @@ def test_the_processor_model_is_read_from_the_first_cpu(tmp_path: Path) -> None:
     assert numerics.cpu_identity(tmp_path / "absent") == "unknown"
 
 
-def test_a_bad_choice_is_one_line() -> None:
-    with pytest.raises(SystemExit) as stopped:
+def test_a_bad_choice_names_the_setting() -> None:
+    with pytest.raises(ConfigError, match=r"^ATTNLAB_CPU_KERNELS: got 'fast'; allowed: portable, native$"):
         numerics.pin_cpu_kernels({numerics.SETTING: "fast"})
-    assert str(stopped.value) == "error: ATTNLAB_CPU_KERNELS: got 'fast'; allowed: portable, native"
 
 
-def capability(**env: str) -> str:
-    """The ATen kernels a fresh process that imports attnlab first uses."""
+def fresh_process(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR")} | env
-    code = "import attnlab, torch; print(torch.backends.cpu.get_cpu_capability())"
-    return subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True).stdout.strip()
+    return subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=120)
+
+
+def test_importing_attnlab_leaves_the_process_environment_alone() -> None:
+    """A library changes nothing on import: not the kernels of the user's process and its children, and a bad
+    ``ATTNLAB_CPU_KERNELS`` (read by the commands) is no error here."""
+    code = "import os; before = dict(os.environ); import attnlab, attnlab.api; print(dict(os.environ) == before)"
+    done = fresh_process(code, ATTNLAB_CPU_KERNELS="fast")
+    assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr[-2000:]
+
+
+def test_a_command_with_a_bad_choice_stops_with_one_line() -> None:
+    environ = os.environ | {numerics.SETTING: "fast"}
+    done = subprocess.run([sys.executable, "train.py"], cwd=ROOT, env=environ, capture_output=True, text=True)
+    assert done.returncode == 1
+    assert done.stderr.strip() == "error: ATTNLAB_CPU_KERNELS: got 'fast'; allowed: portable, native"
 
 
 @needs_avx2
-def test_importing_attnlab_pins_the_kernels_before_torch_chooses() -> None:
-    assert capability() == "AVX2"
-    native = capability(ATTNLAB_CPU_KERNELS="native")
+def test_the_commands_pin_the_kernels_after_importing_their_modules() -> None:
+    """The entry point's module imports torch and attnlab; the pin at the start of ``main`` still comes before the
+    first kernel, so the command's kernels are the pinned ones. A plain ``import attnlab`` keeps torch's choice."""
+    capability = "import torch; print(torch.backends.cpu.get_cpu_capability())"
+    pinned = fresh_process(f"import attnlab.cli.train; attnlab.cli.reproducible_kernels(); {capability}")
+    assert pinned.stdout.strip() == "AVX2", pinned.stderr[-2000:]
+    native = fresh_process(f"import attnlab.cli.train; {capability}").stdout.strip()
     assert native in ("AVX2", "AVX512")  # the widest this CPU has
+    assert fresh_process(f"import attnlab; attnlab.pin_cpu_kernels(); {capability}").stdout.strip() == "AVX2"
 
 
 @pytest.mark.slow

@@ -48,22 +48,17 @@ def test_short_training_run_lowers_the_loss_and_writes_its_outputs(make_config, 
     assert len(val_losses) == 2 and val_losses[1] < val_losses[0]
     assert train_losses[-1] < train_losses[0] - 0.5
     assert results["val_ppl"] < results["unigram_ppl"]
-    rates = [
-        (float(r["train/device/items_per_sec"]), float(r["train/device/samples_per_sec"]))
-        for r in rows
-        if r.get("train/device/items_per_sec")
-    ]
-    assert rates and all(tokens == pytest.approx(32 * sequences) for tokens, sequences in rates)  # 32 tokens a row
+    rates = [(int(r["step"]), float(r["train/tokens_per_sec"])) for r in rows if r.get("train/tokens_per_sec")]
+    assert rates and all(rate > 0 for _, rate in rates)
+    validation_rates = [int(r["step"]) for r in rows if r.get("validate/tokens_per_sec")]
+    assert validation_rates == [29, 59]  # once per validation, at the training step it follows (not at 1..8)
+    assert not [key for key in rows[0] if key.startswith("train/device/") or key in ("train/time", "train/samples")]
     assert any(r.get("lr-AdamW/decay") for r in rows)
     assert (out / "checkpoints" / "last.ckpt").is_file()
     assert list((out / "checkpoints").glob("best-*.ckpt"))
     saved = json.loads((out / "results.json").read_text())
     assert saved["val_loss"] == pytest.approx(results["val_loss"])
     # two validations of 8 batches and the checkpoints count in the fit's clock, not in the training steps' one
-    timed = [r for r in rows if r.get("train/time")][-1]
-    assert results["train_loop_tokens_per_second"] == pytest.approx(
-        float(timed["train/lengths"]) / float(timed["train/time"])
-    )
     assert results["train_loop_tokens_per_second"] > results["tokens_per_second"]
 
 
@@ -219,7 +214,7 @@ def test_cli_bad_value_exits_nonzero_with_one_clear_line(tmp_path: Path) -> None
 
 
 def test_run_ids_differ_between_processes_started_together() -> None:
-    code = "import attnlab.resolvers as r; print(r.RUN_ID)"
+    code = "import attnlab.resolvers as r; print(r.run_id())"
     ids = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout for _ in range(3)}
     assert len(ids) == 3
 

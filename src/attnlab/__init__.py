@@ -4,10 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from attnlab.numerics import pin_cpu_kernels
-
-pin_cpu_kernels()  # before anything imports torch: the same numbers on every x86-64 CPU (attnlab/numerics.py)
-
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from pathlib import Path
@@ -17,7 +13,7 @@ if TYPE_CHECKING:
 
     from attnlab.models import GPT
 
-__all__ = ["build_model", "evaluate", "from_hf", "load", "tables", "train"]
+__all__ = ["build_model", "evaluate", "from_hf", "load", "pin_cpu_kernels", "tables", "train"]
 
 
 def train(overrides: Sequence[str] = ()) -> dict[str, Any]:
@@ -39,6 +35,14 @@ def load(path: str | Path, attention: dict | str = "vanilla") -> tuple[GPT, Toke
     from attnlab.api import load as run
 
     return run(path, attention)
+
+
+def pin_cpu_kernels() -> dict[str, str]:
+    """The commands' reproducible numbers in this process: ATen's and MKL's AVX2 kernels (``attnlab/numerics.py``).
+    Call it before any torch operation (both libraries choose at their first kernel); returns what it set."""
+    from attnlab.numerics import pin_cpu_kernels as pin
+
+    return pin()
 
 
 def __getattr__(name: str) -> ModuleType:

@@ -9,6 +9,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from attnlab.errors import ConfigError, require
+
 if TYPE_CHECKING:
     from omegaconf import DictConfig
     from tokenizers import Tokenizer
@@ -17,25 +19,33 @@ if TYPE_CHECKING:
 
 
 def run(config_name: str, overrides: Sequence[str], job: Callable[[DictConfig], dict[str, Any]]) -> dict[str, Any]:
-    """Compose ``conf/<config_name>.yaml`` with ``overrides`` and run ``job`` as Hydra's single run would: the
-    config checks first (a bad value raises ``ConfigError`` before anything is written), then the run directory,
-    its ``.hydra/`` and ``<config_name>.log``, and Hydra's callbacks around the job."""
+    """Compose ``conf/<config_name>.yaml`` with ``overrides`` and run ``job`` as Hydra's single run would, under a
+    run id of its own (each call is a new run): the config checks first (a bad override or value raises
+    ``ConfigError`` before anything is written), then the run directory, its ``.hydra/`` and ``<config_name>.log``,
+    and Hydra's callbacks around the job."""
     from hydra import compose
     from hydra._internal.callbacks import Callbacks  # Hydra 1.3 exports no public one
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.utils import run_job
+    from hydra.errors import HydraException
     from hydra.types import HydraContext
 
-    import attnlab.resolvers  # noqa: F401  (${run_id:}, ${project_root:} and the generated config nodes)
     from attnlab.configs import initialized
+    from attnlab.resolvers import new_run_id
     from attnlab.runs import ValidateBeforeWriting
 
+    new_run_id()
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
     with initialized("conf", job_name=config_name):
-        cfg = compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
-        ValidateBeforeWriting.CHECKS[config_name](cfg)
+        try:
+            cfg = compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
+        except HydraException as exc:
+            raise override_error(overrides, exc) from None
         callbacks = Callbacks(cfg)
+        for validate in [c for c in callbacks.callbacks if isinstance(c, ValidateBeforeWriting)]:
+            callbacks.callbacks.remove(validate)  # its command-line form exits the process; here it raises
+            validate.check(cfg)
         callbacks.on_run_start(config=cfg, config_name=config_name)
         context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=callbacks)
         try:
@@ -50,6 +60,23 @@ def run(config_name: str, overrides: Sequence[str], job: Callable[[DictConfig], 
     return done.return_value  # the job's exception, raised again, when it failed
 
 
+def override_error(overrides: Sequence[str], exc: Exception) -> ConfigError:
+    """Hydra's composition error (an unknown key or option, a malformed override) as ``ConfigError`` naming the
+    override's key, as the command line's one line does."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    message = " ".join(str(exc).split())
+    for override in overrides:
+        try:
+            key = OverridesParser.create().parse_override(override).key_or_group
+        except OverrideParseException:
+            return ConfigError(override, message)
+        if f"'{key}" in message:  # Hydra quotes the key ('foo') or the option ('model/nope') it could not use
+            return ConfigError(key, message)
+    return ConfigError("overrides", message)
+
+
 def train(overrides: Sequence[str] = ()) -> dict[str, Any]:
     """Train as ``attnlab-train <overrides>`` does; returns the run's ``results.json`` (``output_dir``, ``val_ppl``,
     ``last_checkpoint``, ...)."""
@@ -58,19 +85,32 @@ def train(overrides: Sequence[str] = ()) -> dict[str, Any]:
     return run("train", overrides, job)
 
 
-def checkpoint_source(path: str | Path) -> tuple[str, str]:
+def checkpoint_source(path: str | Path, key: str = "path") -> tuple[str, str]:
     """``("ckpt_path", file)`` for one of our checkpoints (a ``.ckpt`` file, or a run directory: its last one), else
-    ``("pretrained", "hf:<name or dir>")`` for a Hugging Face directory or hub name (``hf:`` optional)."""
+    ``("pretrained", "hf:<name or dir>")`` for a Hugging Face directory or hub name (``hf:`` optional). Anything
+    else (a path that is not there, a directory holding neither) raises ``ConfigError`` naming ``key``."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
     from attnlab.models.hf import INIT_FROM_PREFIX
     from attnlab.runs import LAST_CHECKPOINT
 
     text = str(path)
     if text.startswith(INIT_FROM_PREFIX):
         return "pretrained", text
-    if (Path(text) / LAST_CHECKPOINT).is_file():
-        return "ckpt_path", str(Path(text) / LAST_CHECKPOINT)
-    if Path(text).is_file():
+    local = Path(text)
+    if (local / LAST_CHECKPOINT).is_file():
+        return "ckpt_path", str(local / LAST_CHECKPOINT)
+    if local.is_file():
         return "ckpt_path", text
+    if (local / "config.json").is_file():
+        return "pretrained", INIT_FROM_PREFIX + text
+    wanted = f"a .ckpt file, a run directory with {LAST_CHECKPOINT}, a Hugging Face directory or a hub name"
+    require(not local.exists(), key, f"{text} holds neither {LAST_CHECKPOINT} nor config.json; expected {wanted}")
+    try:
+        validate_repo_id(text)
+    except HFValidationError:
+        raise ConfigError(key, f"no such file or directory: {text}; expected {wanted}") from None
+    require(not text.endswith(".ckpt"), key, f"no such file: {text}")
     return "pretrained", INIT_FROM_PREFIX + text
 
 
@@ -79,7 +119,7 @@ def evaluate(checkpoint: str | Path, overrides: Sequence[str] = ()) -> dict[str,
     ``load``. Returns the evaluation's ``results.json`` (``summary``: the suite's numbers)."""
     from attnlab.cli.evaluate import evaluate as job
 
-    key, value = checkpoint_source(checkpoint)
+    key, value = checkpoint_source(checkpoint, "checkpoint")
     return run("evaluate", [f"{key}={value}", *overrides], job)
 
 

@@ -17,6 +17,7 @@ def log_once() -> None:
     The ``lightning`` package gives its logger a console handler of its own on import (and ``lightning.pytorch`` /
     ``lightning.fabric`` do when imported before Hydra configures logging, as Hydra's callbacks import them), so
     under Hydra every Lightning line was printed twice, once as ``INFO: ...``. Call once logging is configured."""
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(no_advertising)
     if not logging.getLogger().handlers:  # not under Hydra: Lightning's handlers are the only ones
         return
     for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
@@ -24,6 +25,11 @@ def log_once() -> None:
         for handler in [h for h in logger.handlers if type(h) is logging.StreamHandler]:
             logger.removeHandler(handler)
         logger.propagate = True
+
+
+def no_advertising(record: logging.LogRecord) -> bool:
+    """Lightning's "Tip: try installing litlogger / litmodels" lines, printed by every run, are not the run's news."""
+    return not str(record.msg).startswith("💡 Tip:")
 
 
 def no_logging_tracebacks() -> None:

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from attnlab.errors import ConfigError, require
-from attnlab.files import staging_directory
+from attnlab.files import modes_from_umask, staging_directory
+from attnlab.model_card import model_card
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -133,15 +134,18 @@ def to_hf_model(model: GPT, bos: int | None = None, eos: int | None = None) -> P
     return hf.to(dtype).eval()
 
 
-def hf_tokenizer(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
-    """Our ``tokenizers`` tokenizer with its end-of-text (and BOS, else end-of-text) named for transformers."""
+def hf_tokenizer(tokenizer: Tokenizer, max_length: int) -> PreTrainedTokenizerFast:
+    """Our ``tokenizers`` tokenizer with its end-of-text (and BOS, else end-of-text) named for transformers, padding
+    with end-of-text (GPT-2's convention) and truncating to ``max_length``, the model's context."""
     from transformers import PreTrainedTokenizerFast
 
     from attnlab.data.tokenizer import eos_token_id
 
     eos = tokenizer.id_to_token(eos_token_id(tokenizer))
     bos = next((t for t in BOS_CANDIDATES if tokenizer.token_to_id(t) is not None), eos)
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=bos, eos_token=eos)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token=bos, eos_token=eos, pad_token=eos, model_max_length=max_length
+    )
 
 
 def export(checkpoint: str | Path, directory: str | Path, force: bool = False) -> Path:
@@ -158,13 +162,16 @@ def export(checkpoint: str | Path, directory: str | Path, force: bool = False) -
     require(not target.exists() or target.is_dir(), "directory", f"{target} is a file, not a directory")
     run = load_checkpoint(checkpoint, key="checkpoint")
     model = run.build_model().eval()
-    tokenizer = hf_tokenizer(run.tokenizer)
+    tokenizer = hf_tokenizer(run.tokenizer, model.config.block_size)
     hf = to_hf_model(model, tokenizer.bos_token_id, tokenizer.eos_token_id)
+    hf.generation_config.pad_token_id = tokenizer.pad_token_id
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = staging_directory(target.parent, target.name)  # (a killed export's is removed here)
     try:
         hf.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
+        model_card(run).save(staging / "README.md")
+        modes_from_umask(staging)
         _move_into(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -74,3 +74,11 @@ def remove_abandoned_staging(parent: Path, name: str) -> None:
             shutil.rmtree(staging, ignore_errors=True)
         except PermissionError:  # another user's live process
             continue
+
+
+def modes_from_umask(directory: Path) -> None:
+    """A directory built in a ``tempfile`` staging area (0700; some writers leave files 0600) gets the modes the
+    user's umask gives new files and directories (0644 and 0755 under umask 022): an export is theirs to share."""
+    mask = current_umask()
+    for path in [directory, *directory.rglob("*")]:
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)

@@ -56,6 +56,9 @@ def generate_text(args: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """``attnlab-generate``: prints the prompt and its continuation; a bad input is one ``error:`` line, exit 1."""
+    from attnlab.cli import reproducible_kernels
+
+    reproducible_kernels()
     args = parse_args(argv)
     try:
         text = generate_text(args)

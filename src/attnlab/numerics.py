@@ -6,7 +6,9 @@ steps the difference grows into the result: ``make train`` gives validation perp
 and 533.1 with AVX2 ones, same seed, same machine (2-core AMD EPYC, 2026-11-24). MKL's matrix products dispatch the
 same way, so its conditional-reproducibility branch is pinned to AVX2 as well (MKL_CBWR=AVX2 gave 533.1 there too).
 ``ATTNLAB_CPU_KERNELS=native`` keeps the libraries' own choice (fastest). Both libraries read their setting once,
-at their first kernel: this runs when ``attnlab`` is imported, which the entry points do before importing torch.
+at their first kernel: the commands (``attnlab-train``, ``python train.py``, ...) pin before they start their job,
+and a Python user who wants the commands' numbers calls ``attnlab.pin_cpu_kernels()`` before any torch operation.
+Importing ``attnlab`` changes nothing in the process (its environment is the user's, and its children's).
 
 Pinning removes the instruction set from the numbers, not the processor model: with the same AVX2 kernels, the same
 MKL branch, threads, torch and seed, ``make train`` gives 533.1 on the 2-core AMD EPYC machines and 534.6 on a
@@ -51,10 +53,11 @@ PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}  # ATen's kernels, 
 
 def pin_cpu_kernels(environ: os._Environ | dict[str, str] = os.environ) -> dict[str, str]:
     """Set ``PINNED`` on an x86-64 CPU with AVX2, each unless the user set it (theirs wins), and none with
-    ``ATTNLAB_CPU_KERNELS=native``; returns what was set. A value other than ``CHOICES`` stops with one line."""
+    ``ATTNLAB_CPU_KERNELS=native``; returns what was set. A value other than ``CHOICES`` raises ``ConfigError``."""
+    from attnlab.errors import require_choice
+
     choice = environ.get(SETTING, "portable")
-    if choice not in CHOICES:
-        raise SystemExit(f"error: {SETTING}: got {choice!r}; allowed: {', '.join(CHOICES)}")
+    require_choice(choice, CHOICES, SETTING)
     if choice == "native" or platform.machine().lower() not in ("x86_64", "amd64") or not cpu_has_avx2():
         return {}
     pinned = {key: value for key, value in PINNED.items() if key not in environ}

@@ -11,12 +11,25 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from attnlab.defaults import cache_dir
 from attnlab.digest import digest
 from attnlab.slurm import gpus_per_node, processes_per_node
 
-# One id per process: a timestamp plus random hex, so two runs started in the same second never share a
-# directory, while every interpolation inside one process (hydra.run.dir, a sweep's dir) sees the same id.
-RUN_ID = f"{datetime.now():%Y-%m-%d_%H-%M-%S}_{secrets.token_hex(3)}"
+_current_run_id: str | None = None
+
+
+def new_run_id() -> str:
+    """Start a new run: a timestamp plus random hex, so two runs started in the same second never share a directory.
+    The command line gets one per process (the first ``run_id()``); ``attnlab.train`` / ``evaluate`` one per call."""
+    global _current_run_id
+    _current_run_id = f"{datetime.now():%Y-%m-%d_%H-%M-%S}_{secrets.token_hex(3)}"
+    return _current_run_id
+
+
+def run_id() -> str:
+    """``${run_id:}``: the current run's id, the same in every interpolation of one run (``hydra.run.dir``, a
+    sweep's dir, the evaluation record)."""
+    return _current_run_id or new_run_id()
 
 
 def project_root(*, _root_: DictConfig) -> str:
@@ -50,7 +63,9 @@ def job_dirname(num: int, overrides: str) -> str:
 if not OmegaConf.has_resolver("job_dirname"):
     OmegaConf.register_new_resolver("job_dirname", job_dirname)
 if not OmegaConf.has_resolver("run_id"):
-    OmegaConf.register_new_resolver("run_id", lambda: RUN_ID)
+    OmegaConf.register_new_resolver("run_id", run_id)
+if not OmegaConf.has_resolver("cache_dir"):
+    OmegaConf.register_new_resolver("cache_dir", cache_dir)
 if not OmegaConf.has_resolver("slurm_tasks"):  # hydra/launcher=slurm's resources, from the trainer
     OmegaConf.register_new_resolver("slurm_tasks", processes_per_node)
     OmegaConf.register_new_resolver("slurm_gpus", gpus_per_node)

@@ -351,20 +351,25 @@ class ValidateBeforeWriting(Callback):
         require_choice(entry, tuple(self.CHECKS), "hydra.callbacks.validate.entry")
         self.entry = entry
 
-    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+    def check(self, config: DictConfig) -> None:
+        """Raise ``ConfigError`` for a bad value or run directory (what ``attnlab.train`` / ``evaluate`` raise)."""
         directory = Path(OmegaConf.select(config, "hydra.run.dir"))
         record_existing(directory)
+        primary = config.hydra.output_subdir is not None  # not a DDP rank > 0 in rank 0's directory
+        if self.entry == "train":
+            resolve_last_checkpoint(config)  # before the directory check: it may be the run's own last.ckpt
+        if self.entry == "train" and primary:
+            check_run_directory(directory, config.get("ckpt_path"))
+        self.CHECKS[self.entry](config)
+        if primary:  # before Hydra writes .hydra/ and the log into it
+            check_writable(directory, "hydra.run.dir")
+        if self.entry == "train" and primary:
+            claim_run_directory(directory, "hydra.run.dir")
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """The command line's: one line and a non-zero exit, before Hydra writes anything."""
         try:
-            primary = config.hydra.output_subdir is not None  # not a DDP rank > 0 in rank 0's directory
-            if self.entry == "train":
-                resolve_last_checkpoint(config)  # before the directory check: it may be the run's own last.ckpt
-            if self.entry == "train" and primary:
-                check_run_directory(directory, config.get("ckpt_path"))
-            self.CHECKS[self.entry](config)
-            if primary:  # before Hydra writes .hydra/ and the log into it
-                check_writable(directory, "hydra.run.dir")
-            if self.entry == "train" and primary:
-                claim_run_directory(directory, "hydra.run.dir")
+            self.check(config)
         except ConfigError as exc:
             raise SystemExit(f"error: {exc}") from None
 

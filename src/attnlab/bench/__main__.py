@@ -389,6 +389,9 @@ def device_name(device: torch.device) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from attnlab.cli import reproducible_kernels
+
+    reproducible_kernels()  # the kernels the training commands use, so the timings are theirs
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="Markdown file to write (never overwritten)")
     parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))

@@ -9,6 +9,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 import attnlab.resolvers  # noqa: F401  (registers ${run_id:} before Hydra composes the config)
+from attnlab.cli import one_line_errors, reproducible_kernels
 from attnlab.configs import config_source, run_hydra
 from attnlab.errors import interrupted
 
@@ -28,11 +29,13 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
 
 def task(cfg: DictConfig) -> None:
     """Hydra's task: the results are in the run directory (a returned dict would be a sweeper's objective)."""
-    evaluate(cfg)
+    with one_line_errors():
+        evaluate(cfg)
 
 
 def main(config_dir: str | None = None) -> None:
     """``config_dir``: evaluate.py's own ``conf/``; by default the checkout's, else the installed package's."""
+    reproducible_kernels()
     try:
         run_hydra(config_dir or config_source("conf"), "evaluate", task)
     except KeyboardInterrupt:  # inside the training loop a signal is the run's own stop; this is outside it

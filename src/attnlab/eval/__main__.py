@@ -16,6 +16,9 @@ TASKS_DIR = Path(__file__).parent / "tasks"
 
 
 def main() -> None:
+    from attnlab.cli import reproducible_kernels
+
+    reproducible_kernels()
     from lm_eval.__main__ import cli_evaluate
 
     import attnlab.eval.lm  # noqa: F401  (registers the "attnlab" model)

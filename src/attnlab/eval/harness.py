@@ -25,7 +25,8 @@ from omegaconf import OmegaConf
 from attnlab.console import announce
 from attnlab.data.backcopy import SOURCE as BACKCOPY_SOURCE
 from attnlab.data.tokenizer import joined_ids
-from attnlab.defaults import CACHE_DIR, EVAL_SEED
+from attnlab.defaults import EVAL_SEED
+from attnlab.defaults import cache_dir as default_cache_dir
 from attnlab.errors import ConfigError
 from attnlab.eval.heldout import heldout_dataset, scores_own_corpus
 from attnlab.eval.lm import AttnlabLM
@@ -233,7 +234,7 @@ def evaluate_suite(
     *,
     limit: int | None = None,
     seed: int = EVAL_SEED,
-    cache_dir: str = CACHE_DIR,
+    cache_dir: str | None = None,
     results_csv: Path | None = None,
     run_id: str = "",
     wandb_cfg: dict[str, Any] | None = None,
@@ -241,6 +242,7 @@ def evaluate_suite(
     """Evaluate ``lm`` on ``suite`` (lm-eval ``tasks`` and/or ``analysis``); write ``results.json``; return it."""
     import lm_eval
 
+    cache_dir = cache_dir or default_cache_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     results = None
@@ -346,7 +348,7 @@ class AfterTraining:
             task_manager(suite)
 
     def __call__(self, checkpoint: str) -> dict[str, Any]:
-        from attnlab.resolvers import RUN_ID
+        from attnlab.resolvers import run_id as current_run_id
 
         cfg = self.cfg
         suite = OmegaConf.to_container(cfg.eval, resolve=True)
@@ -359,6 +361,6 @@ class AfterTraining:
             seed=cfg.seed,
             cache_dir=cfg.paths.cache_dir,
             results_csv=Path(cfg.paths.log_dir) / "eval" / "results.csv",
-            run_id=RUN_ID,
+            run_id=current_run_id(),
         )
         return record["summary"]

@@ -8,7 +8,8 @@ from typing import Any
 from datasets import DatasetDict
 
 from attnlab.data.backcopy import SOURCE
-from attnlab.defaults import CACHE_DIR, DATA_SEED
+from attnlab.defaults import DATA_SEED
+from attnlab.defaults import cache_dir as default_cache_dir
 
 LOCAL_SOURCES = ("wiki_sample", "registry", "files")  # data.source values whose documents are on this machine
 
@@ -25,7 +26,7 @@ def heldout_dataset(**metadata: Any) -> DatasetDict:
     from attnlab.data import TextDataModule
 
     data = dict(metadata.get("data") or {})
-    cache_dir = str(metadata.get("cache_dir", CACHE_DIR))
+    cache_dir = str(metadata.get("cache_dir") or default_cache_dir())
     if data.get("source") == SOURCE:  # generated sequences: the same ones again, from the same settings
         from attnlab.data.backcopy import bigram_backcopy_datamodule
 

@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from attnlab.errors import ConfigError
 from attnlab.eval.harness import evaluate_suite
 from attnlab.eval.lm import AttnlabLM
-from attnlab.resolvers import RUN_ID
+from attnlab.resolvers import run_id as current_run_id
 from attnlab.runs import output_dir, plain, remove_stub
 
 log = logging.getLogger(__name__)
@@ -49,15 +49,16 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         seed=cfg.seed,
         cache_dir=cfg.paths.cache_dir,
         results_csv=Path(cfg.results_csv) if cfg.get("results_csv") else None,
-        run_id=RUN_ID,
+        run_id=current_run_id(),
         wandb_cfg=wandb_settings(cfg),
     )
 
 
 def main(cfg: DictConfig) -> dict[str, Any]:
-    """Hydra task: a bad config prints one line naming the key and exits non-zero, leaving no run directory."""
+    """The evaluation job: a bad config raises ``ConfigError`` leaving no run directory behind (the command line
+    prints it as one line, ``attnlab.evaluate`` raises it)."""
     try:
         return run(cfg)
-    except ConfigError as exc:
+    except ConfigError:
         remove_stub(output_dir(cfg))
-        raise SystemExit(f"error: {exc}") from None
+        raise

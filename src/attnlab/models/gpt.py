@@ -5,13 +5,16 @@ Read top to bottom: positions, MLP, Block, GPT. The attention math lives in ``at
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator
 from itertools import count, islice
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from huggingface_hub import PyTorchModelHubMixin
 from torch import Tensor, nn
 
 from attnlab.attention import AttentionContext, AttentionShape, CausalSelfAttention, KVCache
@@ -110,8 +113,17 @@ class Block(nn.Module):
         return x + self.dropout(self.mlp(self.norm_2(x)))
 
 
-class GPT(nn.Module):
-    """Token ids (B, T) -> logits (B, T, vocab). ``attention`` is the ``attention`` config mapping."""
+class GPT(
+    nn.Module,
+    PyTorchModelHubMixin,
+    library_name="attnlab",
+    tags=["attention", "causal-lm"],
+):
+    """Token ids (B, T) -> logits (B, T, vocab). ``attention`` is the ``attention`` config mapping.
+
+    ``save_pretrained(dir)`` / ``GPT.from_pretrained(dir or hub name)`` / ``push_to_hub`` (huggingface_hub's mixin)
+    keep any attention variant, which a transformers export cannot: ``config.json`` holds the architecture and the
+    variant, ``model.safetensors`` the weights."""
 
     def __init__(self, config: ModelConfig, attention: dict[str, Any] | None = None) -> None:
         super().__init__()
@@ -137,6 +149,22 @@ class GPT(nn.Module):
         self.reset_parameters()
         if config.head_mask is not None:
             self.set_head_mask(torch.tensor(config.head_mask))
+
+    def _save_pretrained(self, save_directory: Path) -> None:
+        """The weights (huggingface_hub's safetensors file) and ``config.json``: ``config`` (the architecture) and
+        ``attention`` (the variant), named as ``__init__``'s arguments so the mixin passes them back on load."""
+        super()._save_pretrained(save_directory)
+        record = {"config": self.config.to_dict(), "attention": self.attention_config}
+        (save_directory / "config.json").write_text(json.dumps(record, indent=2, sort_keys=True))
+
+    @classmethod
+    def _from_pretrained(cls, *, model_id: str, config: dict[str, Any], attention: dict[str, Any], **hub: Any) -> GPT:
+        """The mixin's load, strict (every weight of the variant present) and with the architecture typed again
+        (it hands ``config`` over as the JSON mapping)."""
+        hub["strict"] = True
+        return super()._from_pretrained(
+            model_id=model_id, config=ModelConfig.from_dict(config), attention=attention, **hub
+        )
 
     def reset_parameters(self) -> None:
         """GPT-2 init: N(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer); then each variant's own."""

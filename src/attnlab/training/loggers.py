@@ -10,6 +10,7 @@ from typing import Any
 from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
+from attnlab.errors import require
 from attnlab.files import write_atomic
 from attnlab.hub import wandb_mode
 from attnlab.slurm import TERMINATED
@@ -50,6 +51,49 @@ def wandb_logger(
     # with a warning that the setting has no effect; not passing it is the same run without the warning
     logger._wandb_init.pop("anonymous", None)
     return logger
+
+
+def needs_package(logger: str, modules: Sequence[str], extra: str) -> None:
+    """One line naming ``logger`` and the install command when none of ``modules`` is installed (the optional
+    loggers' packages are extras), before Lightning fails deep inside with an import error."""
+    from importlib.util import find_spec
+
+    require(
+        any(find_spec(module) is not None for module in modules),
+        "logger",
+        f"{logger} needs the {modules[0]} package: pip install 'attnlab[{extra}]'",
+    )
+
+
+def tensorboard_logger(
+    save_dir: str, run_dir: str, experiment: str, name: str, group: str | None = None, name_keys: Sequence[str] = ()
+) -> Logger:
+    """Lightning's TensorBoardLogger, each run at ``<save_dir>/<group>/<name>_<run directory>``: named and grouped by
+    ``run_identity`` as the W&B runs are, and never two runs in one directory (same name, another seed or start)."""
+    needs_package("tensorboard", ("tensorboard", "tensorboardX"), "tensorboard")
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    name, group, _ = run_identity(name, group, [], experiment, current_job(), name_keys)
+    return TensorBoardLogger(save_dir, name=group, version=f"{name}_{Path(run_dir).name}", default_hp_metric=False)
+
+
+def mlflow_logger(
+    tracking_uri: str,
+    experiment: str,
+    name: str,
+    tags: list[str],
+    group: str | None = None,
+    name_keys: Sequence[str] = (),
+) -> Logger:
+    """Lightning's MLFlowLogger: the group (``run_identity``, as W&B's) is the MLflow experiment, the run is named as
+    in W&B, and each W&B tag is an MLflow tag (set to ``true``: MLflow's tags are pairs)."""
+    needs_package("mlflow", ("mlflow",), "mlflow")
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    name, group, tags = run_identity(name, group, tags, experiment, current_job(), name_keys)
+    return MLFlowLogger(
+        experiment_name=group, run_name=name, tracking_uri=tracking_uri, tags={tag: "true" for tag in tags}
+    )
 
 
 class ResumableWandbLogger(WandbLogger):
@@ -93,6 +137,33 @@ def run_identity(
         group or f"{experiment}-{job.directory.name}",
         [*tags, *(f"swept:{key}" for key in job.keys)],
     )
+
+
+# settings that say where or how a run writes, not what it is: left out of the loggers' config panels
+NOT_THE_RUN = {
+    "data": ("_target_", "cache_dir", "packed_dir", "num_workers"),
+    "trainer": ("_target_", "default_root_dir", "plugins", "enable_model_summary"),
+}
+
+
+def logged_config(cfg: Any, spec: dict[str, Any]) -> dict[str, Any]:
+    """The config W&B (and the CSV log's hparams.yaml) show for a run: its spec (model as built, attention,
+    optimiser, schedule), the data and trainer settings and the seed, which tell runs apart; not the composed
+    config's paths, ``_target_`` keys or display switches (``print_config``, the progress bar)."""
+    from attnlab.runs import plain
+
+    sections = {
+        name: {key: value for key, value in plain(cfg[name]).items() if key not in dropped}
+        for name, dropped in NOT_THE_RUN.items()
+    }
+    return {
+        "experiment_name": cfg.experiment_name,
+        "seed": cfg.seed,
+        **{key: spec[key] for key in ("model", "attention", "optim", "schedule_steps")},
+        **sections,
+        "train_tokens": cfg.get("train_tokens"),
+        "global_batch_tokens": cfg.get("global_batch_tokens"),
+    }
 
 
 def numbers(results: dict[str, Any], prefix: str = "") -> dict[str, float]:

@@ -14,9 +14,11 @@ import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
+from lightning.pytorch.loggers import Logger
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from omegaconf import DictConfig
 
+from attnlab.compare import run_figure
 from attnlab.console import announce
 from attnlab.data import TextDataModule
 from attnlab.errors import ConfigError, require
@@ -37,9 +39,10 @@ from attnlab.runs import (
     write_results,
 )
 from attnlab.slurm import cluster_plugins
+from attnlab.training.callbacks import TokenThroughput
 from attnlab.training.checkpointing import last_checkpoint_path
-from attnlab.training.guards import RunStopped, stop_cleanly
-from attnlab.training.loggers import log_results
+from attnlab.training.guards import stop_cleanly
+from attnlab.training.loggers import log_results, logged_config
 from attnlab.training.module import LanguageModel
 from attnlab.training.sweeps import in_multirun
 
@@ -147,7 +150,7 @@ def run(cfg: DictConfig, evaluate: Evaluation | None = None) -> dict[str, Any]:
     log.info(describe_model(model, attention))
 
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
-    loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
+    loggers = [instantiate_logger(c) for c in (cfg.get("logger") or {}).values() if c is not None]
     plugins = [*instantiate(cfg.trainer.get("plugins") or []), *cluster_plugins()]
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, plugins=plugins)
     require(
@@ -196,7 +199,7 @@ def run(cfg: DictConfig, evaluate: Evaluation | None = None) -> dict[str, Any]:
         separator,
     )
     for logger in loggers:
-        logger.log_hyperparams(plain(cfg))
+        logger.log_hyperparams(logged_config(cfg, spec))
 
     unigram = datamodule.unigram_perplexity()
     log.info("Unigram baseline (add-one, training counts) validation perplexity: %.1f", unigram)
@@ -239,18 +242,30 @@ def run(cfg: DictConfig, evaluate: Evaluation | None = None) -> dict[str, Any]:
     if trainer.is_global_zero:
         log_results(loggers, results)
         write_results(out / RESULTS_FILE, results)
+        run_figure(out, results)  # loss_curves.png: the run's losses at a glance, as attnlab-compare draws a sweep's
         announce(summary(results))  # the terminal's last words, also at the end of train.log
     return results
 
 
+def instantiate_logger(node: DictConfig) -> Logger:
+    """A ``logger.<name>`` entry instantiated; its factory's ``ConfigError`` (a missing optional package) is raised
+    as itself, not inside Hydra's ``InstantiationException``, so the command prints its one line."""
+    from hydra.errors import InstantiationException
+
+    try:
+        return instantiate(node)
+    except InstantiationException as exc:
+        if isinstance(exc.__cause__, ConfigError):
+            raise exc.__cause__ from None
+        raise
+
+
 def training_steps_rate(trainer: L.Trainer) -> float | None:
-    """Tokens per second of the training steps alone, as Lightning's ThroughputMonitor (callbacks.throughput) last
-    logged them: its clock leaves out validation, so a short run with frequent validation is not reported slow.
-    None without the monitor."""
-    logged = trainer.logged_metrics
-    if "train/time" not in logged or "train/lengths" not in logged or float(logged["train/time"]) <= 0:
-        return None
-    return float(logged["train/lengths"]) / float(logged["train/time"])
+    """Tokens per second of the training steps alone, as Lightning's ThroughputMonitor (callbacks.throughput)
+    clocks them: validation is left out, so a short run with frequent validation is not reported slow. None
+    without the monitor."""
+    monitor = next((c for c in trainer.callbacks if isinstance(c, TokenThroughput)), None)
+    return monitor.training_tokens_per_second() if monitor is not None else None
 
 
 def relaunches_command(trainer: L.Trainer) -> bool:
@@ -296,17 +311,14 @@ def summary(results: dict[str, Any]) -> str:
 
 
 def main(cfg: DictConfig, evaluate: Evaluation | None = None) -> dict[str, Any]:
-    """Hydra task: a bad config prints one line naming the key and exits non-zero, leaving no run directory
-    behind; W&B is closed after every run."""
+    """The training job: a bad config raises ``ConfigError`` leaving no run directory behind (the command line
+    prints it as one line, ``attnlab.train`` raises it); W&B is closed after every run."""
     try:
         return run(cfg, evaluate)
-    except (ConfigError, RunStopped) as exc:
-        if isinstance(exc, ConfigError) and not isinstance(exc, RunDirectoryInUse):  # (that one is another's)
+    except ConfigError as exc:
+        if not isinstance(exc, RunDirectoryInUse):  # (that one is another process's directory)
             remove_stub(output_dir(cfg))
-        if in_multirun():  # the job fails alone; the sweep callback reports it with the others
-            raise
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(exc.exit_status if isinstance(exc, RunStopped) else 1) from None
+        raise
     finally:
         release_run_directory(output_dir(cfg))  # a sweep's next job may be this directory's next user
         wandb = sys.modules.get("wandb")  # imported only by a W&B logger: nothing to close otherwise
