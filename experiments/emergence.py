@@ -47,7 +47,7 @@ PAPER_TABLE, PAPER_ROW = "outliers", "OPT-125m"  # whose paper numbers the curve
 def reference_lines() -> tuple[dict[str, float], dict[str, tuple[float, str]]]:
     """What the panels draw beside the runs, from the tables themselves: the ``CHECKS_OF`` tables' phenomenon
     thresholds (checked metric -> at least) and the paper's vanilla values from the outliers table's ``paper``
-    numbers (the spec's quotes, unverified; panel metric -> (value, legend)). The paper's kurtosis is an average over
+    numbers (secondhand quotes, unverified; panel metric -> (value, legend)). The paper's kurtosis is an average over
     modules, not our max, so it is not drawn."""
     from attnlab.tables import load_table
 

@@ -1,4 +1,4 @@
-"""The SSA paper's (Zhang et al. 2024, seed 004) synthetic results, as printed, for the side-by-side tables."""
+"""The SSA paper's (Zhang et al. 2024) synthetic results, as printed, for the side-by-side tables."""
 
 # Table 1 / Figure 3 (section 4.1). The losses are the Figure 3 caption's "cross-entropy loss"; the temperature
 # row is keyed by the paper's "# of neighbors (including itself)" = number of possible next tokens.

@@ -102,7 +102,7 @@ def make_attention_uniform(model: GPT) -> None:
             block.attn.qkv.bias[:dq] = 0
 
 
-# ---------------------------------------------------------------- outliers (seed 000)
+# ---------------------------------------------------------------- outliers
 
 
 def test_kurtosis_of_gaussian_is_three_and_an_outlier_makes_it_large() -> None:
@@ -360,7 +360,7 @@ def test_intermediate_hook_sees_the_variants_own_probabilities_and_is_identity_w
         torch.testing.assert_close(model(batch), fused)
 
 
-# ---------------------------------------------------------------- sinks and gates (seed 002)
+# ---------------------------------------------------------------- sinks and gates
 
 
 def test_attention_entropy_of_forced_uniform_and_signed_attention() -> None:
@@ -530,7 +530,7 @@ def test_gate_mean_matches_the_gate_computed_by_hand() -> None:
     assert gate_statistics(model, batch)["layers"][0]["mean"] == pytest.approx(hand, rel=1e-5)
 
 
-# ---------------------------------------------------------------- selective attention (seed 004)
+# ---------------------------------------------------------------- selective attention
 
 
 def test_spikiness_of_hand_rows() -> None:
@@ -603,7 +603,7 @@ def test_temperature_html_escapes_text_and_is_darker_for_lower_values() -> None:
     assert luminance("low") < luminance("&lt;mid&gt;") < luminance("high")
 
 
-# ---------------------------------------------------------------- head pruning (seed 001)
+# ---------------------------------------------------------------- head pruning
 
 
 def test_pruning_curves_follow_importance_and_restore_the_mask(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Head masking, importance and pruning (Michel et al. 2019, spec section 7)."""
+"""Head masking, importance and pruning (Michel et al. 2019)."""
 
 from __future__ import annotations
 

@@ -105,7 +105,7 @@ def test_clipped_softmax_gamma_rule() -> None:
 
 
 def expected_overhead(attention: dict, c: dict) -> int:
-    """Extra parameters of a variant, from the spec's formulas."""
+    """Extra parameters of a variant, from the papers' formulas."""
     _, o = resolve_options(attention)
     n_layer, h, d = c["n_layer"], c["n_head"], c["n_embd"]
     kv, dh = c.get("n_kv_head") or h, d // h
@@ -184,7 +184,7 @@ def gpt2_overhead(attention: dict) -> tuple[int, float]:
 def test_gpt2_124m_overheads() -> None:
     assert gpt2_overhead({"name": "gated"})[0] == 12 * 12 * (64 + 1)
     assert 0.045 < gpt2_overhead({"name": "ssa"})[1] < 0.055  # the paper's ~5%
-    assert 0.055 < gpt2_overhead({"name": "ssa", "hidden_ratio": 0.5})[1] < 0.06  # the spec's ~5.8%
+    assert 0.055 < gpt2_overhead({"name": "ssa", "hidden_ratio": 0.5})[1] < 0.06  # the paper's ~5.8%
     assert gpt2_overhead({"name": "ssa_shared"})[1] < 0.005
     assert gpt2_overhead({"name": "ssa_feature"})[0] == 12 * 2 * 2 * 12  # beta + alpha per head, q and v
     assert gpt2_overhead({"name": "temp_frequency"})[0] == 12 * 12  # beta per head

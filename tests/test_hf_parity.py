@@ -126,7 +126,7 @@ NO_NEUTRAL_SETTING = {"qk_norm", "qk_norm_projection", "softpick", "sigmoid", "s
 
 
 def exact_at_finetune_init(name: str) -> bool:
-    """Whether the spec makes the variant's fine-tune init the pretrained layer exactly.
+    """Whether the paper makes the variant's fine-tune init the pretrained layer exactly.
 
     Not so: clipped softmax with gamma < 0, value selection's hard rule, and the SSA position / YaRN terms
     (alpha_ft = -7.4 still adds 6.11e-4 * log n to the temperature), the sink (s_h = sink_init = 0 takes mass; at
@@ -164,7 +164,7 @@ def neutral_at_finetune(model) -> None:
 @pytest.mark.parametrize("attention", available_attention())
 @pytest.mark.parametrize("case", list(CASES))
 def test_logits_match_hf(checkpoints, case: str, attention: str) -> None:
-    """Every variant at its fine-tune init reproduces the pretrained model (at its neutral setting where the spec's
+    """Every variant at its fine-tune init reproduces the pretrained model (at its neutral setting where the paper's
     fine-tune init is not exact), so conversion drops or reinitialises no pretrained weight."""
     directory, idx, expected = checkpoints[case]
     if attention in NOT_FROM_PRETRAINED:

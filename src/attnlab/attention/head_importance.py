@@ -1,4 +1,4 @@
-"""Head importance and pruning (Michel et al. 2019, seed 001; spec section 7).
+"""Head importance and pruning (Michel et al. 2019).
 
 The head mask xi_l,h multiplies head h's output before W_o (buffer ``head_mask`` of each layer). Importance is
 ``I_l,h = sum over tokens |dL/dxi_l,h|``: as in the authors' code each token gets its own mask variable, so the

@@ -1,4 +1,4 @@
-"""Data of the two synthetic tasks, exactly as the SSA paper (seed 004, section 4) and the spec describe them."""
+"""Data of the two synthetic tasks, exactly as the SSA paper (section 4) describes them."""
 
 from __future__ import annotations
 

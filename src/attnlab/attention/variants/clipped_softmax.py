@@ -1,4 +1,4 @@
-"""Clipped softmax (Bondarenko et al. 2023, eq. 4; spec section 2): attention can put exactly zero on a token.
+"""Clipped softmax (Bondarenko et al. 2023, eq. 4): attention can put exactly zero on a token.
 
 ``p~ = clip((zeta - gamma) * softmax(s) + gamma, 0, 1)``; rows no longer sum to one, on purpose. The fused
 kernel cannot clip, so ``attend`` runs the plain math over chunks of queries (``attnlab.attention.chunked``): each

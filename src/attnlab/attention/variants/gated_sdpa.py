@@ -67,7 +67,7 @@ class Gate(AttentionVariant):
     ``neutral`` is a buffer: 1 (multiplicative) / 0 (additive) when pretraining. Fine-tuning init sets
     W_g ~ N(0, finetune_weight_std), b_g = b0 and neutral = act(b0) (b0 = 0, or 1 for a multiplicative SiLU
     since silu(0) = 0), so with the default std 0 the gate is exactly neutral: the layer is the pretrained one
-    (the spec's "output scaled by 1 / 0.5" for a sigmoid).
+    (the paper's "output scaled by 1 / 0.5" for a sigmoid).
     """
 
     Options = GateOptions

@@ -1,4 +1,4 @@
-"""QK-norm (spec section 9): RMSNorm on q and on k before RoPE, as Qwen3 (per head) and OLMo 2 (per projection).
+"""QK-norm: RMSNorm on q and on k before RoPE, as Qwen3 (per head) and OLMo 2 (per projection).
 
 ``scope=head`` (transformers ``Qwen3Attention``): one RMSNorm over d_h, its weight shared by all heads, separate for q
 and k. ``scope=projection`` (``Olmo2Attention``): one RMSNorm over the whole q projection (H * d_h) and one over k

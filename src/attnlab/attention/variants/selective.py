@@ -1,4 +1,4 @@
-"""Selective attention (Leviathan et al. 2024, arXiv 2410.02703; spec section 9): a token can hide earlier ones
+"""Selective attention (Leviathan et al. 2024, arXiv 2410.02703): a token can hide earlier ones
 from every later token, with no new parameter.
 
 The selecting head's causal logits give ``S = relu(s)`` with S's first column (the first token is never hidden)

@@ -1,4 +1,4 @@
-"""Sigmoid attention (Ramapuram et al. 2024; spec section 9): ``p_ij = sigmoid(s_ij + b)``, rows not normalised.
+"""Sigmoid attention (Ramapuram et al. 2024): ``p_ij = sigmoid(s_ij + b)``, rows not normalised.
 
 ``b = -log n`` with n the training context length (``context_length``, default ``data.block_size``, as clipped
 softmax's T_ctx), or ``bias`` given directly (their released config: b = -7.62 at n = 2048, with qk-norm on, which

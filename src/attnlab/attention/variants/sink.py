@@ -1,4 +1,4 @@
-"""Attention sink (gpt-oss ``AttentionBlock.sinks``; Evan Miller's "softmax off by one"; spec section 9).
+"""Attention sink (gpt-oss ``AttentionBlock.sinks``; Evan Miller's "softmax off by one").
 
 One logit s_h per head joins every row's softmax and is dropped: p_ij = exp(s_ij) / (exp(s_h) + sum_j exp(s_ij)),
 so a head can attend to nothing. Since that equals softmax(s)_ij * sigmoid(lse_i - s_h), ``attend`` keeps the fused

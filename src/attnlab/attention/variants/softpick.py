@@ -1,9 +1,9 @@
-"""Softpick (Zuhri et al. 2025; spec section 9): a rectified, not-sum-to-one softmax with no attention sink.
+"""Softpick (Zuhri et al. 2025): a rectified, not-sum-to-one softmax with no attention sink.
 
 ``p_ij = relu(exp(s_ij) - 1) / (sum_j |exp(s_ij) - 1| + eps)`` over the unmasked keys, computed as the reference
 ``softpick`` (zaydzuhri/softpick-attention ``naive_softpick_attn.py``) does: numerator and denominator shifted by
 the row max m, i.e. ``relu(exp(s - m) - exp(-m)) / (sum |exp(s - m) - exp(-m)| + eps)``. The reference wins over
-the spec's formula where they differ: its eps (1e-8) is added after the shift, so it acts as eps * exp(m) on the
+the paper's formula where they differ: its eps (1e-8) is added after the shift, so it acts as eps * exp(m) on the
 unshifted sum. The fused kernel cannot compute it (the reference's is a GPU Triton kernel), so ``attend`` runs the
 plain math over chunks of queries in fp32 (``attnlab.attention.chunked``: no (T x T) per head is kept).
 There is no neutral setting: softpick is not softmax for any eps.

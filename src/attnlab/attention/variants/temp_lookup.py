@@ -1,4 +1,4 @@
-"""Per-token-group query temperature: the SSA paper's Table 1 model (seed 004, section 4.1 and appendix A).
+"""Per-token-group query temperature: the SSA paper's Table 1 model (section 4.1 and appendix A).
 
 "We assign a scaling parameter to each group of nodes that share the same number of neighbors": one learned
 scalar per group g and head h, looked up by token id, scales the query. ``scaling`` says how:

@@ -1,4 +1,4 @@
-"""Hard value selection: the SSA paper's Table 2 oracle for value temperature (seed 004, section 4.2).
+"""Hard value selection: the SSA paper's Table 2 oracle for value temperature (section 4.2).
 
 The paper replaces the learned value temperature by the selection function ``1[max_j x_ij >= 1/2]`` on the
 denoising task: a token whose largest coordinate reaches 1/2 is a signal token ``e_q + z``, the others are

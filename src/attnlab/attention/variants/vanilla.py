@@ -1,4 +1,4 @@
-"""Vanilla causal attention: the base hooks unchanged, through the fused SDPA kernel (spec section 1)."""
+"""Vanilla causal attention: the base hooks unchanged, through the fused SDPA kernel."""
 
 from attnlab.attention.base import AttentionVariant, register
 

@@ -1,5 +1,5 @@
-"""Analysis metrics of the attention papers: outliers and W8A8 (seed 000), sinks and gates (seed 002),
-spikiness, operator norms and temperatures (seed 004), head pruning (seed 001); ``run_analysis`` runs them all."""
+"""Analysis metrics of the attention papers: outliers and W8A8, sinks and gates,
+spikiness, operator norms and temperatures, head pruning; ``run_analysis`` runs them all."""
 
 # First: report imports the metric modules in the order their metrics run and print in.
 from attnlab.eval.analysis.report import format_summary, run_analysis  # isort: skip

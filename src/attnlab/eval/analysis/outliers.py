@@ -1,4 +1,4 @@
-"""Outliers and quantisability (Bondarenko et al. 2023, seed 000): kurtosis, max infinity norm, W8A8 perplexity.
+"""Outliers and quantisability (Bondarenko et al. 2023): kurtosis, max infinity norm, W8A8 perplexity.
 
 Attention heads that learn to "do nothing" push a few hidden dimensions to huge values; those outliers show up
 as high kurtosis and infinity norm of the layer outputs and make 8-bit activation quantisation fail.

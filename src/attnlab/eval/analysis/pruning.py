@@ -1,4 +1,4 @@
-"""Head pruning curves (Michel et al. 2019, seed 001): how much of the model's quality survives removing heads
+"""Head pruning curves (Michel et al. 2019): how much of the model's quality survives removing heads
 in order of importance, against removing them at random; and which layers keep their heads."""
 
 from __future__ import annotations

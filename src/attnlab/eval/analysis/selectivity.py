@@ -1,4 +1,4 @@
-"""Selective attention analysis (Zhang et al. 2024, seed 004, Figures 1-2): how spiky the attention rows are,
+"""Selective attention analysis (Zhang et al. 2024, Figures 1-2): how spiky the attention rows are,
 how large the query-key bilinear form is, and which tokens the learned temperature singles out."""
 
 from __future__ import annotations
