@@ -141,7 +141,7 @@ def render(
     from attnlab.tables.collect import write
     from attnlab.tables.engine import Engine
     from attnlab.tables.figures import save_effects_figure
-    from attnlab.tables.reports import RENDERS
+    from attnlab.tables.reports import RENDERS, SAYS_WHAT_IS_MISSING
 
     runs = results_dir / "runs.csv"
     if not runs.is_file():
@@ -151,7 +151,8 @@ def render(
     status = missing_cells(records, engine.cells()) if engine is not None else None
     reports = [] if status else table.get("reports") or []  # a partial table has none yet
     for name in reports:
-        if name not in RENDERS or root is None or not (results_dir / RENDERS[name][0]).is_file():
+        known = name in RENDERS and (name in SAYS_WHAT_IS_MISSING or (results_dir / RENDERS[name][0]).is_file())
+        if root is None or not known:
             source = RENDERS[name][0] if name in RENDERS else "CSV to render it from"
             found = f"{table['name']} has reports computed from its cells' files (no committed {source})"
             raise ConfigError("render_only", f"{found}: reproduce it")

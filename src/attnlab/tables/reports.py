@@ -45,12 +45,15 @@ def pruning_curves(engine: Engine, cells: list[Cell], out_dir: Path) -> str:
 
 def render_pruning(table: dict[str, Any], scale: str, root: Path, out_dir: Path) -> str:
     """The pruning section and figure again from the committed ``pruning_curves.csv`` (and ``runs.csv``: which cells
-    it should hold)."""
+    it should hold); without that CSV, the line naming the cells whose curves are not here, as ``pruning_curves``
+    writes it."""
     from attnlab.tables.engine import Engine
 
-    sizes = Engine(table, scale, root=root, runs_dir=root / "outputs" / "runs").row_sizes()
     runs = pd.read_csv(out_dir / "runs.csv")
     expected = list(zip(runs["attention"], runs["seed"], strict=True))
+    if not (out_dir / PRUNING_CSV).is_file():  # its cells' curves never came back (the reproduced table says so too)
+        return "\n".join([PRUNING_HEADING, "", curves_missing(expected, have=set())])
+    sizes = Engine(table, scale, root=root, runs_dir=root / "outputs" / "runs").row_sizes()
     return pruning_section(pd.read_csv(out_dir / PRUNING_CSV), table, scale, sizes, out_dir, expected)
 
 
@@ -249,7 +252,8 @@ def costs_section(costs: pd.DataFrame, table: dict[str, Any]) -> str:
 
 REPORTS: dict[str, Report] = {"pruning": pruning_curves, "costs": variant_costs}
 CHECKS: dict[str, Callable[[Engine], object]] = {"costs": cost_rounds}  # a report's settings, read at the start
-RENDERS: dict[str, tuple[str, Render]] = {
+RENDERS: dict[str, tuple[str, Render]] = {  # report -> the CSV it is rendered from, and how
     "pruning": (PRUNING_CSV, render_pruning),
     "costs": (COSTS_CSV, render_costs),
 }
+SAYS_WHAT_IS_MISSING = {"pruning"}  # reports whose render names the cells its CSV lacks, so the CSV may be absent
