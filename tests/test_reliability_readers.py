@@ -80,6 +80,7 @@ def job_return(tmp_path: Path, num: int, error: Exception | None):
     from hydra.types import RunMode
 
     hydra = {"mode": RunMode.MULTIRUN, "job": {"num": num}, "runtime": {"output_dir": str(tmp_path / str(num))}}
+    hydra["output_subdir"] = ".hydra"  # a job of rank 0 (the one that records it), as every real config has
     done = JobReturn(overrides=[f"seed={num}"], hydra_cfg=OmegaConf.create({"hydra": hydra}))
     done.status = JobStatus.FAILED if error else JobStatus.COMPLETED
     done._return_value = error

@@ -48,7 +48,7 @@ def test_cpu_long_ablations_start_from_the_outliers_cells_and_share_table3s_fine
         for (stage, attention, seed), directory in grid.items():
             if stage == "start":
                 assert directory == outliers[("pretrain", "vanilla", seed)]
-            elif attention in ("vanilla", "ssa", "ssa_shared"):
+            elif attention in ("vanilla", "ssa", "ssa_shared") and seed <= 3:  # table3 runs 3 seeds, table7 5
                 assert directory == table3[("finetune", attention, seed)], (name, attention)
 
 
@@ -131,14 +131,19 @@ def test_pruning_and_outlier_tables_end_to_end(
     assert {p: p.stat().st_mtime for p in (tmp_path / "runs").glob("*/eval/analysis_cpu/results.json")} == before
     assert "Gated attention" in outliers and "NOT verified" in outliers
     effects = pd.read_csv(tmp_path / "outliers" / "effects.csv")
-    assert set(effects["column"]) == {"fp_ppl", "max_inf_norm", "kurtosis_mean", "w8a8_ppl"}
+    # W8A8 perplexity is shown, not judged: the claim is about the gap
+    assert set(effects["column"]) == {"fp_ppl", "max_inf_norm", "kurtosis_mean", "w8a8_gap_pct"}
     assert {"p", "p_holm", "verdict_holm"} <= set(effects)
     # the phenomenon check comes first, computed from vanilla's own numbers (derived: the W8A8 gap)
     checks = pd.read_csv(tmp_path / "outliers" / "phenomena.csv")
-    assert checks[["phenomenon", "variant"]].values.tolist() == [["outliers", "vanilla"]]
+    assert checks[["phenomenon", "variant"]].values.tolist() == [
+        ["outliers", "vanilla"],
+        ["massive activations", "vanilla"],
+    ]
     vanilla = pd.read_csv(tmp_path / "outliers" / "runs.csv").query("attention == 'vanilla'").iloc[0]
     status = "present" if vanilla["kurtosis_max"] >= 50 and vanilla["w8a8_gap_pct"] >= 2 else "absent"
-    assert checks["status"].tolist() == [status]
+    massive = "present" if vanilla["max_inf_norm"] >= 100 else "absent"
+    assert checks["status"].tolist() == [status, massive]
     line = f"- outliers (pretrain, OPT-125m, vanilla): **{status}**: kurtosis_max {vanilla['kurtosis_max']:.4g}"
     assert line in outliers and outliers.index(line) < outliers.index("## pretrain")
     assert {"sink_share", "val_ppl", "unigram_ppl"} <= set(runs) and runs["unigram_ppl"].gt(1).all()
