@@ -69,7 +69,7 @@ def job_record(line: str) -> dict[str, Any] | None:
         job = json.loads(line)
     except ValueError:
         return None
-    fields = {"num": int, "status": str, "overrides": list, "output_dir": str}
+    fields = {"num": int, "status": str, "overrides": list, "output_dir": (str, type(None))}  # None: a lost worker's
     if not isinstance(job, dict) or not all(isinstance(job.get(key), kind) for key, kind in fields.items()):
         return None
     return job
