@@ -166,7 +166,7 @@ def synthetic_config(page: Page, root: Path) -> Path | None:
 
 def copy_files(page: Page, out: Path, results: Path, site_paths: dict[str, str]) -> None:
     """The directory's CSVs, Markdown and PNGs (not its subdirectories: those are pages of their own); ``site_paths``
-    gets each one's path in the repository (``experiments/results/...``, as the README links it) -> in the site."""
+    gets each one's path in the repository (``experiments/results/...``, as a reading links it) -> in the site."""
     target = out / "data" / page.name / page.variant
     target.mkdir(parents=True, exist_ok=True)
     for pattern in COPIED:
@@ -178,7 +178,7 @@ def copy_files(page: Page, out: Path, results: Path, site_paths: dict[str, str])
 
 
 def site_links(page_html: str, site_paths: dict[str, str]) -> str:
-    """The README's links to committed results point into the site's copies."""
+    """Links to committed results (in a reading or a table's Markdown) point into the site's copies."""
     return RESULTS_LINK.sub(
         lambda m: f'{m[1]}="{html.escape(site_paths[m[2]]) if m[2] in site_paths else m[2]}"', page_html
     )
