@@ -95,7 +95,7 @@ reproduce-gating: $(STAMP)  ## Qiu et al.: gate positions G1-G5 and forms (perpl
 reproduce-pruning: $(STAMP)  ## Michel et al.: head pruning curves, importance vs random (the outliers table's cells; SCALE=cpu|cpu_long|gpu|paper|smoke) -> experiments/results/pruning/
 	$(TABLE) table=pruning
 
-reproduce-variants: $(STAMP)  ## every attention variant against vanilla from scratch: ppl, sink, outliers, W8A8, entropy, cost; SCALE=cpu|cpu_long|gpu|paper|smoke; effects.png -> experiments/results/variants/
+reproduce-variants: $(STAMP)  ## every attention variant against vanilla from scratch: ppl, sink, outliers, W8A8, entropy, cost; SCALE=cpu|cpu_long|gpu|paper|smoke|synthetic; effects.png -> experiments/results/variants/
 	$(TABLE) table=variants
 
 report: $(STAMP)  ## every committed table, figure and reading (experiments/results/<table>/README.md) as one static site -> outputs/report/index.html (~1.5 min)
