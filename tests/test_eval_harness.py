@@ -93,6 +93,17 @@ def test_evaluation_says_where_it_wrote_its_results(lm: AttnlabLM, tmp_path: Pat
     assert printed.rstrip().endswith(f"results: {tmp_path / 'out' / 'results.json'}\n  one row added to {results_csv}")
 
 
+def test_an_evaluation_outside_a_git_repository_prints_no_git_error(
+    lm: AttnlabLM, tmp_path: Path, data_cache: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture
+) -> None:
+    """lm-eval records ``git describe`` of the current directory, where git prints ``fatal: not a git repository``."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))  # (a tmp inside a repository is outside it)
+    quick = {**suite("quick"), "passkey": {"context_lengths": [128], "samples_per_length": 1, "seed": 1}}
+    evaluate_suite(lm, quick, tmp_path / "out", limit=2, cache_dir=str(data_cache))
+    assert "fatal" not in capfd.readouterr().err
+
+
 def test_passkey_lengths_beyond_the_window_are_rejected(lm: AttnlabLM, tmp_path: Path) -> None:
     from attnlab.errors import ConfigError
 
