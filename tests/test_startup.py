@@ -49,3 +49,13 @@ def test_what_every_command_imports_leaves_torch_and_lightning_out(module: str) 
     code = f"import sys, {module}; print(sorted({{'torch', 'lightning'}} & set(sys.modules)))"
     imported = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert imported == "[]", f"importing {module} imports {imported}"
+
+
+@pytest.mark.parametrize("module", ["attnlab.compare", "attnlab.report"])
+def test_the_argparse_commands_say_their_version(module: str, capsys: pytest.CaptureFixture) -> None:
+    import importlib
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as done:
+        importlib.import_module(module).main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out == f"attnlab {version('attnlab')}\n"
