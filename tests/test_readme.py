@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from experiments import readme_numbers, readme_sample, report
+from experiments import readme_numbers, readme_sample
 
+from attnlab import report
 from attnlab.errors import ConfigError
 from tests.conftest import ROOT
 

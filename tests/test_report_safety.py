@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from experiments import report
 
+from attnlab import report
 from attnlab.files import STAGING
 from tests.conftest import ROOT
 

@@ -275,7 +275,7 @@ def test_report_site_on_the_smoke_table(smoke_run: dict, tmp_path: Path) -> None
     """``make report`` on the smoke table: the reading, the table, its figures, CSVs and every cell's config."""
     import shutil
 
-    from experiments import report
+    from attnlab import report
 
     results = tmp_path / "results"
     shutil.copytree(smoke_run["settings"]["results_dir"], results / "table3" / "smoke")
@@ -306,7 +306,8 @@ def test_report_composes_configs_of_runs_not_here_and_never_overwrites_other_fil
     import shutil
 
     import pandas as pd
-    from experiments import report
+
+    from attnlab import report
 
     results = tmp_path / "results" / "table3" / "smoke"
     shutil.copytree(smoke_run["settings"]["results_dir"], results)
