@@ -74,6 +74,18 @@ def test_from_scratch_tables_share_their_cells() -> None:
     assert set(grids["pruning"].values()) <= set(grids["outliers"].values())
 
 
+def test_the_sink_tables_share_their_synthetic_cells_and_only_they_have_that_scale() -> None:
+    """The gating and variants tables judge sink claims on Guo et al.'s task with one vanilla and one G1 per seed
+    (5 seeds); the outliers and pruning tables, whose phenomena a 1-layer model on 64 characters cannot show, have no
+    synthetic scale."""
+    gating, variants = cells("gating", "synthetic"), cells("variants", "synthetic")
+    shared = {key for key in gating.keys() & variants.keys() if gating[key] == variants[key]}
+    assert {(attention, seed) for _, attention, seed in shared} == {
+        (attention, seed) for attention in ("vanilla", "gated_sdpa") for seed in range(1, 6)
+    }
+    assert "synthetic" not in load_table("outliers", ROOT)["scales"] | load_table("pruning", ROOT)["scales"]
+
+
 @pytest.mark.parametrize("name", ABLATIONS + FROM_SCRATCH)
 def test_paper_scale_composes(name: str) -> None:
     """Every paper-scale cell composes (fine-tunes from the hub checkpoints, or pretrains GPT-2 on SlimPajama)."""
