@@ -91,7 +91,7 @@ def test_a_cell_another_process_trains_is_not_a_failed_job(tmp_path: Path, capsy
     """Two tables sharing a cell: the one whose job finds the cell's directory claimed reports it as held elsewhere
     and ends without an error (the other process's outcome is the cell's), while a real failure still fails."""
     from attnlab.errors import ConfigError
-    from attnlab.runs import claim_run_directory, release_run_directory
+    from attnlab.run_directory import claim_run_directory, release_run_directory
     from attnlab.training.sweeps import SweepReport, read_jobs
 
     cell = tmp_path / "1"
@@ -99,7 +99,7 @@ def test_a_cell_another_process_trains_is_not_a_failed_job(tmp_path: Path, capsy
         [
             sys.executable,
             "-c",
-            f"from attnlab.runs import claim_run_directory as c; c(__import__('pathlib').Path("
+            f"from attnlab.run_directory import claim_run_directory as c; c(__import__('pathlib').Path("
             f"{str(cell)!r}), 'k'); print('held', flush=True); import time; time.sleep(60)",
         ],
         stdout=subprocess.PIPE,

@@ -30,9 +30,10 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from attnlab.configs import config_files, initialized
 from attnlab.errors import ConfigError
-from attnlab.runs import LAST_CHECKPOINT, RESULTS_FILE, run_directory_in_use, validate_train_config
+from attnlab.run_directory import LAST_CHECKPOINT, RESULTS_FILE, run_directory_in_use
 from attnlab.tables.cells import cell_name
 from attnlab.tables.sizes import config_parameters, model_parts
+from attnlab.validation import validate_train_config
 
 log = logging.getLogger(__name__)
 

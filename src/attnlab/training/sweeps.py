@@ -29,7 +29,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.errors import ConfigError
-from attnlab.runs import RunDirectoryInUse, check_writable, locked
+from attnlab.run_directory import RunDirectoryInUse, check_writable, in_multirun, locked
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +38,6 @@ SWEEP_ID = "ATTNLAB_SWEEP_ID"  # set when a multirun starts; its jobs inherit it
 SWEPT_KEYS = "ATTNLAB_SWEPT_KEYS"  # the keys the multirun varies (a JSON list), passed to its jobs the same way
 HELD_ELSEWHERE = "held_elsewhere"  # a job whose directory another process trains in (not a failure)
 EXPECTED_ERRORS = (ConfigError,)  # reported in one line; anything else gets its traceback in the job's record
-
-
-def in_multirun() -> bool:
-    """True inside a Hydra ``-m`` job, where a failure must stay an exception for the sweep to record it."""
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def one_line(error: BaseException) -> str:
