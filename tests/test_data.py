@@ -59,7 +59,7 @@ def test_text_files_are_named_by_their_content_not_their_paths_or_times(
     import os
     import shutil
 
-    from attnlab.tables.cells import cell_name
+    from attnlab.cells import cell_name
 
     cache = tmp_path / "cache"
 

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 # Inside a run directory: the latest state (always written) and the final metrics (written once, when fit ends).
 LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
 RESULTS_FILE = "results.json"
+JOBS_FILE = "jobs.jsonl"  # in a sweep's directory: one JSON line per job, its outcome (training.sweeps)
 
 
 def output_dir(cfg: DictConfig) -> Path:
@@ -211,3 +212,35 @@ def write_results(path: Path, results: dict[str, Any]) -> None:
     if non_finite:
         cleaned["non_finite"] = non_finite
     write_atomic(path, json.dumps(cleaned, indent=2, allow_nan=False, default=str))
+
+
+def read_jobs(sweep_dir: Path, sweep: str | None = None) -> list[dict[str, Any]]:
+    """The outcome of every job recorded in ``sweep_dir`` (of sweep id ``sweep`` only, when given), in job order;
+    for a job recorded twice (a resumed sweep), its last record. Empty when nothing was recorded."""
+    path = sweep_dir / JOBS_FILE
+    if not path.is_file():
+        return []
+    jobs = [job for line in path.read_text(errors="replace").splitlines() if (job := job_record(line)) is not None]
+    if sweep is not None:
+        jobs = list({job["num"]: job for job in jobs if job.get("sweep") == sweep}.values())
+    return sorted(jobs, key=lambda job: job["num"])
+
+
+def job_record(line: str) -> dict[str, Any] | None:
+    """One line of ``jobs.jsonl`` as a record, or None for a line that is not one (a write cut by a kill, a file
+    edited by hand): such a job counts as unrecorded, and its directory still says what it left."""
+    try:
+        job = json.loads(line)
+    except ValueError:
+        return None
+    fields = {"num": int, "status": str, "overrides": list, "output_dir": (str, type(None))}  # None: a lost worker's
+    if not isinstance(job, dict) or not all(isinstance(job.get(key), kind) for key, kind in fields.items()):
+        return None
+    return job
+
+
+def record_job(sweep_dir: Path, record: dict[str, Any]) -> None:
+    """One line of ``jobs.jsonl``, the file locked while it is written (parallel jobs share it)."""
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    with locked(sweep_dir / JOBS_FILE, "a") as fh:
+        fh.write(json.dumps(record) + "\n")
