@@ -185,6 +185,8 @@ def warmup_cosine(warmup_steps: int, total_steps: int, min_ratio: float, kind: s
     """Linear warmup, then cosine decay to ``min_ratio`` of the peak and flat after ``total_steps`` (or constant,
     the fine-tuning setting). A factor of each group's own lr: torch's CosineAnnealingLR takes one absolute
     ``eta_min`` for all groups, which the variant group's separate lr would not follow."""
+    # Not a library schedule: step by step, transformers' get_cosine_with_min_lr_schedule_with_warmup starts at lr 0
+    # (a step behind) and rises again past the horizon; torch's SequentialLR also rises, and differs in the last bits.
 
     def factor(step: int) -> float:
         if step < warmup_steps:
