@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from filelock import FileLock
+from filelock import lock_descriptor
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
@@ -47,11 +47,23 @@ def in_multirun() -> bool:
 
 @contextmanager
 def locked(path: Path, mode: str = "a+") -> Iterator[IO[str]]:
-    """``path`` opened in ``mode`` (created if missing) while this process holds ``<path>.lock``, so writers that
-    share a file (sweep jobs, evaluations) take turns. A writer that replaces the file (``write_atomic``) does so
-    while holding the lock, so the next writer opens the new file."""
+    """``path`` opened in ``mode`` (created if missing) and locked (filelock's ``lock_descriptor``: the file itself,
+    so no ``.lock`` file is left beside it) until it is closed, so writers that share a file (sweep jobs,
+    evaluations) take turns. A writer that replaces the file (``write_atomic``) does so while holding the lock; one
+    that was waiting then finds its lock on the old file and opens the new one, so no row goes to a file that is no
+    longer there."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(path.with_name(f"{path.name}.lock")), path.open(mode, newline="") as fh:
+    while True:
+        fh = path.open(mode, newline="")
+        lock_descriptor(fh.fileno())
+        try:
+            current = path.stat().st_ino == os.fstat(fh.fileno()).st_ino
+        except FileNotFoundError:
+            current = False
+        if current:
+            break
+        fh.close()
+    with fh:  # closing the file releases the lock
         yield fh
 
 
@@ -131,7 +143,7 @@ def claim_run_directory(directory: Path, key: str) -> None:
     """Hold an exclusive ``flock`` on the run directory while this process trains in it, so a second process (a
     second table sharing the cell, the same resume typed twice) is refused instead of writing into the same files.
     The kernel drops the lock when the process ends, however it ends; a claim this process holds is kept."""
-    import fcntl  # the directory's own flock, not filelock's: a claim leaves no lock file in or beside the run
+    import fcntl  # not filelock's exclusive lock_descriptor: run_directory_in_use probes with a shared lock
 
     resolved = str(directory.resolve())
     if resolved in CLAIMED:
