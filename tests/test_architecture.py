@@ -107,13 +107,16 @@ def package_circle(src: Path) -> list[str] | None:
 
 
 def upward_imports(src: Path) -> list[str]:
-    """Every import from a higher layer (or between independent packages), as ``file:line: a -> b``."""
+    """Every import from a higher layer (or between independent packages), as ``file:line: a -> b``; a package with
+    no layer is ``test_every_package_has_a_layer``'s to report."""
     layer = {package: rank for rank, (_, packages) in enumerate(LAYERS) for package in packages}
     found = []
     for name, targets in imports(src).items():
         for target, line in targets.items():
             here, there = package_of(name), package_of(target)
             apart = (here, there) in INDEPENDENT or (there, here) in INDEPENDENT
+            if here not in layer or there not in layer:
+                continue
             if layer[there] > layer[here] or apart:
                 found.append(f"{modules(src)[name].relative_to(src)}:{line}: {name} -> {target}")
     return found
