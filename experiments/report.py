@@ -1,8 +1,9 @@
 """``make report``: every committed table at every scale as one static site (``outputs/report/index.html``; it opens
-from disk, with no server and no network). Each page has the README's reading of the table, the table as the engine
-wrote it (ours beside the paper's, the phenomenon checks, paired effects with raw and Holm-corrected verdicts), its
-figures, and links to its CSVs and to each cell's config. Pages come from Jinja2 templates
-(``experiments/templates/``), Markdown is rendered by markdown-it-py and figures are drawn by ``attnlab.plots``."""
+from disk, with no server and no network). Each page has the table's reading (the README.md beside its results), the
+table as the engine wrote it (ours beside the paper's, the phenomenon checks, paired effects with raw and
+Holm-corrected verdicts), its figures, and links to its CSVs and to each cell's config. Pages come from Jinja2
+templates (``experiments/templates/``), Markdown is rendered by markdown-it-py and figures are drawn by
+``attnlab.plots``."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import argparse
 import html
 import json
 import os
+import posixpath
 import re
 import shutil
 import sys
@@ -23,8 +25,11 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
 # marks a directory this script wrote and lists the files it wrote there (JSON), so the next report replaces those
 # and nothing else: a file a user put beside them stays
 MARKER = ".attnlab-report"
-# a reading in the README: <!-- reading: table3 table4 --> ... <!-- /reading -->, shown on those tables' pages
+# a reading in a results directory's README.md: <!-- reading: table3 --> ... <!-- /reading -->, shown on the pages of
+# the tables it names (each table's beside its results: experiments/results/<table>/README.md)
 READING = re.compile(r"<!-- reading: ([\w ]+) -->\n(.*?)<!-- /reading -->", re.S)
+READINGS = "README.md"
+RELATIVE_LINK = re.compile(r'(src|href)="(?![a-zA-Z][a-zA-Z0-9+.-]*:|#|/)([^"]+)"')  # not a web address or an anchor
 JUDGED = ("reproduces", "opposite", "smaller than the paper's", "unresolved")  # the tables' four verdicts
 VERDICTS = (*JUDGED, "identical", "present", "absent", "not measured", "no paper value")
 VERDICT_CELL = re.compile(rf"<td( style=\"[^\"]*\")?>((?:<strong>)?({'|'.join(VERDICTS)})(?:</strong>)?)</td>")
@@ -97,12 +102,19 @@ class Page:
         return f"{self.name}-{self.variant}.html"
 
 
-def readings(readme: str) -> dict[str, str]:
-    """Table name -> the README's reading of it (Markdown), from the ``<!-- reading: ... -->`` blocks."""
+def readings(results: Path) -> dict[str, str]:
+    """Table name -> its reading as HTML, from the ``<!-- reading: ... -->`` blocks of each results directory's
+    README.md. Their links are relative to that README; here they become repository paths (``experiments/results/
+    <table>/...``), which ``site_links`` points into the site's copies."""
     found: dict[str, str] = {}
-    for names, text in READING.findall(readme):
-        for name in names.split():
-            found[name] = found.get(name, "") + text
+    for readme in sorted(results.glob(f"*/{READINGS}")):
+        base = f"experiments/results/{readme.parent.name}"
+        for names, text in READING.findall(readme.read_text()):
+            rendered = RELATIVE_LINK.sub(
+                lambda m, base=base: f'{m[1]}="{posixpath.normpath(posixpath.join(base, m[2]))}"', markdown_html(text)
+            )
+            for name in names.split():
+                found[name] = found.get(name, "") + rendered
     return found
 
 
@@ -130,7 +142,7 @@ def discover(results: Path) -> list[Page]:
         found = [d for d in (table_dir, *sorted(table_dir.iterdir())) if (d / f"{name}.md").is_file()]
         if not found:  # other results (emergence, bench), and a scale of them in a subdirectory (emergence/gpu)
             for directory in (table_dir, *sorted(d for d in table_dir.iterdir() if d.is_dir())):
-                if any(any(directory.glob(pattern)) for pattern in COPIED):
+                if any(path.name != READINGS for pattern in COPIED for path in directory.glob(pattern)):
                     pages.append(Page(name, name if directory == table_dir else directory.name, directory))
         for directory in found:
             variant = "default" if directory == table_dir else directory.name
@@ -154,11 +166,11 @@ def synthetic_config(page: Page, root: Path) -> Path | None:
 
 def copy_files(page: Page, out: Path, results: Path, site_paths: dict[str, str]) -> None:
     """The directory's CSVs, Markdown and PNGs (not its subdirectories: those are pages of their own); ``site_paths``
-    gets each one's path in the repository (``experiments/results/...``, as the README links it) -> in the site."""
+    gets each one's path in the repository (``experiments/results/...``, as a reading links it) -> in the site."""
     target = out / "data" / page.name / page.variant
     target.mkdir(parents=True, exist_ok=True)
     for pattern in COPIED:
-        for path in sorted(page.source.glob(pattern)):
+        for path in sorted(p for p in page.source.glob(pattern) if p.name != READINGS):  # the reading is the page's
             shutil.copy2(path, target / path.name)
             link = Link(path.name, f"data/{page.name}/{page.variant}/{path.name}")
             (page.figures if path.suffix == ".png" else page.files).append(link)
@@ -166,7 +178,7 @@ def copy_files(page: Page, out: Path, results: Path, site_paths: dict[str, str])
 
 
 def site_links(page_html: str, site_paths: dict[str, str]) -> str:
-    """The README's links to committed results point into the site's copies."""
+    """Links to committed results (in a reading or a table's Markdown) point into the site's copies."""
     return RESULTS_LINK.sub(
         lambda m: f'{m[1]}="{html.escape(site_paths[m[2]]) if m[2] in site_paths else m[2]}"', page_html
     )
@@ -320,15 +332,15 @@ def readme_with_overview(readme: str, results: Path, root: Path = ROOT) -> str:
 
 
 def fill(page: Page, out: Path, root: Path, reading: str, site_paths: dict[str, str]) -> None:
-    """The page's text, figures, files and cells (its results files are already copied)."""
+    """The page's text, figures, files and cells (its results files are already copied); ``reading`` is HTML."""
     own = page.source / f"{page.name}.md"
-    markdowns = [own] if own.is_file() else sorted(page.source.glob("*.md"))
+    markdowns = [own] if own.is_file() else sorted(p for p in page.source.glob("*.md") if p.name != READINGS)
     text = "\n\n".join(path.read_text() for path in markdowns)
     if own.is_file() and text.startswith("# "):  # the table's own title is the page's
         page.title, _, text = text[2:].partition("\n")
     page.title = page.title or f"{page.name}: experiments/results/{page.source.name}/"
     page.body = site_links(markdown_html(text), site_paths)
-    page.reading = site_links(markdown_html(reading), site_paths) if reading else ""
+    page.reading = site_links(reading, site_paths) if reading else ""
     if table_config(page.name, root) and (page.source / "runs.csv").is_file():
         draw_engine_figures(page, out, root)
         cell_configs(page, out, root)
@@ -400,7 +412,7 @@ def templates():
     return environment
 
 
-def build(results: Path, out: Path, root: Path = ROOT, readme: Path | None = None) -> Path:
+def build(results: Path, out: Path, root: Path = ROOT) -> Path:
     """Write the site into ``out``, replacing the files a report wrote there before and nothing else; returns its
     index. Every text from a file (names, Markdown, configs) is escaped in the pages (``autoescape`` and
     ``markdown_html``)."""
@@ -410,7 +422,7 @@ def build(results: Path, out: Path, root: Path = ROOT, readme: Path | None = Non
     before = written_before(out)
     if not results.is_dir():
         raise ConfigError("--results", f"a directory of table results ({results} is not one)")
-    texts = readings((readme or root / "README.md").read_text())
+    texts = readings(results)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = staging_directory(out.parent, out.name)  # (a killed report's is removed here)
     try:
