@@ -88,7 +88,8 @@ def save_run_checkpoint(model, tokenizer, path: Path) -> Path:
 
     import torch
 
-    from attnlab.runs import RECORD_KEY, OptimSpec, record
+    from attnlab.models.checkpoint import RECORD_KEY, record
+    from attnlab.validation import OptimSpec
 
     spec = {
         "model": model.config.to_dict(),

@@ -52,8 +52,8 @@ from attnlab.eval.analysis.pruning import write_pruning_csv
 from attnlab.eval.analysis.sinks import entropy_lines, row_entropy, sink_epsilon
 from attnlab.models import GPT, ModelConfig
 from attnlab.nn_utils import forward_hooks
-from attnlab.runs import OptimSpec
 from attnlab.training.module import LanguageModel
+from attnlab.validation import OptimSpec
 
 VOCAB, T = 61, 24
 

@@ -14,7 +14,7 @@ from attnlab.attention.base import _PRESETS
 from attnlab.errors import ConfigError
 from attnlab.models import build_gpt
 from attnlab.models.gpt import alibi_slopes
-from attnlab.runs import SYNTHETIC_ONLY_ATTENTION
+from attnlab.validation import SYNTHETIC_ONLY_ATTENTION
 
 H, KV, DH, T = 4, 2, 8, 29
 MODEL = {"n_layer": 2, "n_head": H, "n_kv_head": KV, "n_embd": H * DH, "vocab_size": 61, "block_size": 40}

@@ -59,7 +59,7 @@ def test_text_files_are_named_by_their_content_not_their_paths_or_times(
     import os
     import shutil
 
-    from attnlab.tables.cells import cell_name
+    from attnlab.cells import cell_name
 
     cache = tmp_path / "cache"
 
@@ -234,7 +234,7 @@ def test_missing_files_and_empty_corpus_name_the_key(tmp_path: Path) -> None:
 
 
 def test_hub_tokenizer_offline_fails_fast_naming_the_key(tmp_path: Path) -> None:
-    from attnlab.data.tokenizer import load_pretrained_tokenizer
+    from attnlab.models.checkpoint import load_pretrained_tokenizer
 
     with pytest.raises(ConfigError) as err:
         load_pretrained_tokenizer("attnlab-tests/not-a-cached-repo")

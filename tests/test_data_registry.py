@@ -307,7 +307,7 @@ def test_corpus_fingerprint_follows_the_content_and_names_the_cell(make_config, 
     SHA-256 goes into a registry_text cell's name (an embedded-corpus cell needs none) and into the run's record."""
     import hashlib
 
-    from attnlab.tables.cells import cell_name
+    from attnlab.cells import cell_name
 
     cache = tmp_path / "cache"
     cfg = make_config(["data=registry_text"])

@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from attnlab.data import TextDataModule
 from attnlab.errors import ConfigError
 from attnlab.eval.lm import AttnlabLM
-from attnlab.runs import load_checkpoint
+from attnlab.models.checkpoint import load_checkpoint
 from attnlab.training.run import run
 from attnlab.training.rundir import KeepEarlierRunConfig
 from tests.conftest import MICRO_MODEL, ROOT, compose_config

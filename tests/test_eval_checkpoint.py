@@ -22,7 +22,7 @@ from attnlab.errors import ConfigError
 from attnlab.eval.harness import AfterTraining
 from attnlab.eval.lm import AttnlabLM
 from attnlab.models import ModelConfig
-from attnlab.runs import RECORD_KEY, load_checkpoint
+from attnlab.models.checkpoint import RECORD_KEY, load_checkpoint
 from attnlab.training.run import run
 from tests.conftest import MICRO_DATA, MICRO_MODEL, ROOT, compose_config
 

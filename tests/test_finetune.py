@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from attnlab.data.tokenizer import train_bpe_tokenizer
-from attnlab.models.hf import from_hf
-from attnlab.runs import OptimSpec, load_checkpoint
+from attnlab.models.builder import from_hf
+from attnlab.models.checkpoint import load_checkpoint
 from attnlab.training.module import LanguageModel
 from attnlab.training.run import run
+from attnlab.validation import OptimSpec
 
 transformers = pytest.importorskip("transformers")
 VOCAB = 320

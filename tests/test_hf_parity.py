@@ -17,13 +17,8 @@ from safetensors.torch import load_file, save_file
 from attnlab.attention import available_attention, resolve_options
 from attnlab.errors import ConfigError
 from attnlab.hub import hf_tokenizer_path, hub_reachable
-from attnlab.models.hf import (
-    config_from_hf,
-    from_hf,
-    load_hf_checkpoint,
-    parse_init_from,
-    to_hf_state_dict,
-)
+from attnlab.models.builder import from_hf
+from attnlab.models.hf import config_from_hf, load_hf_checkpoint, parse_init_from, to_hf_state_dict
 
 transformers = pytest.importorskip("transformers")
 

@@ -14,9 +14,10 @@ import yaml
 from omegaconf import open_dict
 
 from attnlab.errors import ConfigError
-from attnlab.runs import RECORD_KEY, OptimSpec, load_checkpoint, resolve_last_checkpoint, validate_train_config
+from attnlab.models.checkpoint import RECORD_KEY, load_checkpoint
 from attnlab.training.module import LanguageModel
 from attnlab.training.run import run
+from attnlab.validation import OptimSpec, resolve_last_checkpoint, validate_train_config
 from tests.conftest import MICRO_DATA, MICRO_MODEL, ROOT
 from tests.reliability import TINY_RUN
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from attnlab.models import ModelConfig, build_gpt
+from attnlab.models.checkpoint import check_record_against_weights
 from attnlab.models.hf import load_pretrained_into, to_hf_state_dict
 from attnlab.nn_utils import fused_next_token_loss, next_token_loss
-from attnlab.runs import check_record_against_weights
 
 MODEL = {"n_layer": 2, "n_head": 2, "n_embd": 32, "vocab_size": 100, "block_size": 32}
 

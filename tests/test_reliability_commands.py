@@ -54,7 +54,7 @@ def test_a_refused_command_is_one_line_and_leaves_nothing(
 
 def test_a_quoted_non_ascii_experiment_name_is_a_directory_name(tmp_path: Path) -> None:
     """Quoted for Hydra, a name in another script is allowed (the check is the directory name's)."""
-    from attnlab.runs import check_common
+    from attnlab.validation import check_common
     from tests.conftest import compose_config
 
     check_common(compose_config(['experiment_name="été-1"'], tmp_path, tmp_path))

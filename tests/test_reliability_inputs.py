@@ -101,7 +101,7 @@ BAD_VALUES = [  # (overrides, the key the one line must name)
 def test_a_bad_value_is_refused_before_anything_is_written(make_config, overrides: list[str], key: str) -> None:
     """Each value is checked when the config is composed (train.py's Hydra callback runs this before it creates the
     run directory): one ConfigError naming the key."""
-    from attnlab.runs import validate_train_config
+    from attnlab.validation import validate_train_config
 
     with pytest.raises(ConfigError) as refused:
         validate_train_config(make_config([*S, *overrides]))
@@ -110,7 +110,7 @@ def test_a_bad_value_is_refused_before_anything_is_written(make_config, override
 
 
 def test_the_defaults_and_every_table_cell_pass_the_checks(make_config) -> None:
-    from attnlab.runs import validate_train_config
+    from attnlab.validation import validate_train_config
 
     validate_train_config(make_config([]))
     validate_train_config(make_config(S))
@@ -277,7 +277,7 @@ def test_a_checkpoints_record_is_checked_against_its_weights_before_anything_is_
 ) -> None:
     """A record is data from a file: a size in it that its tensors contradict is refused in one line before a model
     of that size is allocated (a million layers took the machine's memory)."""
-    from attnlab.runs import load_checkpoint
+    from attnlab.models.checkpoint import load_checkpoint
 
     path = fake_checkpoint(tmp_path / "last.ckpt", **change)
     with pytest.raises(ConfigError, match=r"model\.init_from") as refused:
@@ -289,7 +289,7 @@ def test_a_checkpoints_record_is_checked_against_its_weights_before_anything_is_
 def test_a_gpu_trainer_without_a_gpu_is_one_line(make_config) -> None:
     import torch
 
-    from attnlab.runs import validate_train_config
+    from attnlab.validation import validate_train_config
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
@@ -324,7 +324,7 @@ def test_a_full_disk_at_start_is_one_line(tmp_path: Path, monkeypatch: pytest.Mo
     import errno
     import os
 
-    from attnlab.runs import check_writable
+    from attnlab.run_directory import check_writable
 
     def full(*_args: object) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

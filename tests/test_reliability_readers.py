@@ -91,15 +91,15 @@ def test_a_cell_another_process_trains_is_not_a_failed_job(tmp_path: Path, capsy
     """Two tables sharing a cell: the one whose job finds the cell's directory claimed reports it as held elsewhere
     and ends without an error (the other process's outcome is the cell's), while a real failure still fails."""
     from attnlab.errors import ConfigError
-    from attnlab.runs import claim_run_directory, release_run_directory
-    from attnlab.training.sweeps import SweepReport, read_jobs
+    from attnlab.run_directory import claim_run_directory, read_jobs, release_run_directory
+    from attnlab.training.sweeps import SweepReport
 
     cell = tmp_path / "1"
     holder = subprocess.Popen(  # another process holds the cell's claim
         [
             sys.executable,
             "-c",
-            f"from attnlab.runs import claim_run_directory as c; c(__import__('pathlib').Path("
+            f"from attnlab.run_directory import claim_run_directory as c; c(__import__('pathlib').Path("
             f"{str(cell)!r}), 'k'); print('held', flush=True); import time; time.sleep(60)",
         ],
         stdout=subprocess.PIPE,
@@ -127,7 +127,7 @@ def test_a_cell_another_process_trains_is_not_a_failed_job(tmp_path: Path, capsy
 
 
 def test_a_garbled_line_of_jobs_jsonl_counts_as_unrecorded(tmp_path: Path) -> None:
-    from attnlab.training.sweeps import read_jobs
+    from attnlab.run_directory import read_jobs
 
     record = {"num": 1, "status": "completed", "overrides": ["seed=2"], "output_dir": "x"}
     (tmp_path / "jobs.jsonl").write_text(f'{{"num": 0, "sta\n{json.dumps(record)}\n{{"num": "a"}}\n\xff\n')

@@ -183,7 +183,7 @@ def test_a_checkpoint_claiming_sizes_is_one_line_through_every_reader(
 
 
 def test_a_checkpoint_with_a_broken_tokenizer_is_one_line(tmp_path: Path) -> None:
-    from attnlab.runs import load_checkpoint
+    from attnlab.models.checkpoint import load_checkpoint
 
     run = load_checkpoint(fake_checkpoint(tmp_path / "last.ckpt"))
     with pytest.raises(ConfigError, match=r"^tokenizer: .*last\.ckpt: its tokenizer does not load"):

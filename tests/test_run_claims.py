@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from attnlab.errors import ConfigError
-from attnlab.runs import claim_run_directory, release_run_directory, run_directory_in_use
+from attnlab.run_directory import claim_run_directory, release_run_directory, run_directory_in_use
 from attnlab.tables.engine import Cell, wait_while_trained_elsewhere
 from tests.conftest import ROOT
 from tests.reliability import train_command
@@ -21,7 +21,7 @@ from tests.reliability import train_command
 def hold(directory: Path, seconds: float) -> subprocess.Popen:
     """Another process that claims ``directory`` for ``seconds`` (it prints once it holds the claim)."""
     code = (
-        "import sys, time; from pathlib import Path; from attnlab.runs import claim_run_directory; "
+        "import sys, time; from pathlib import Path; from attnlab.run_directory import claim_run_directory; "
         f"claim_run_directory(Path({str(directory)!r}), 'hydra.run.dir'); print('held', flush=True); "
         f"time.sleep({seconds})"
     )

@@ -1,4 +1,5 @@
-"""attnlab.runs: safe checkpoint loading, fine-tuning from our own checkpoints, resume semantics, the schedule."""
+"""attnlab.models.checkpoint and attnlab.run_directory: safe checkpoint loading, fine-tuning from our own
+checkpoints, resume semantics, the schedule."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import torch
 
 from attnlab.errors import ConfigError
 from attnlab.models import GPT, ModelConfig, build_gpt
-from attnlab.runs import load_checkpoint, release_run_directory, write_results
+from attnlab.models.checkpoint import load_checkpoint
+from attnlab.run_directory import release_run_directory, write_results
 from attnlab.training.module import warmup_cosine
 from attnlab.training.run import run
 from tests.conftest import MICRO_DATA, MICRO_MODEL, compose_config

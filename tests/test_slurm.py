@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 
 from attnlab.cli.table import launcher_overrides
 from attnlab.errors import ConfigError
-from attnlab.runs import load_checkpoint
+from attnlab.models.checkpoint import load_checkpoint
 from attnlab.slurm import resource_mismatch
 from attnlab.training.loggers import run_id
 from attnlab.training.run import run

@@ -10,9 +10,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from attnlab.cells import cell_name
 from attnlab.errors import ConfigError
 from attnlab.tables import load_table, reproduce
-from attnlab.tables.cells import cell_name
 from attnlab.tables.collect import column_map
 from attnlab.tables.engine import Engine
 

@@ -200,7 +200,7 @@ def test_options_added_since_keep_the_committed_cells_names() -> None:
     """Options added after the cpu table ran (fox's Pro block, stick-breaking's attend_current, the gates' reference
     options) name no new cell at the value that runs the old rule, so its records stay a cache of those cells; diff's
     default changed rule (the affine norm) names new cells, and subln_affine=false finds the recorded ones."""
-    from attnlab.tables.cells import cell_name
+    from attnlab.cells import cell_name
 
     engine = Engine(variants_table(), "cpu", root=ROOT, runs_dir=ROOT / "outputs" / "runs")
     runs = pd.read_csv(ROOT / "experiments/results/variants/cpu/runs.csv")

@@ -92,7 +92,7 @@ def test_compiled_training_saves_the_eager_models_checkpoint(make_config, tmp_pa
     monitor's hooks still see the validation forwards (a graph compiled without them would skip them)."""
     import torch
 
-    from attnlab.runs import load_checkpoint
+    from attnlab.models.checkpoint import load_checkpoint
 
     common = [*QUIET, "trainer.max_steps=4", "trainer.val_check_interval=2", "trainer.limit_val_batches=3"]
     common.append("callbacks.outlier_monitor.batches=1")  # later validation batches run the compiled graph unhooked
@@ -125,9 +125,9 @@ def test_document_mask_trains_each_document_on_its_own(make_config, tmp_path: Pa
     import torch
 
     from attnlab.data.tokenizer import eos_token_id
+    from attnlab.models.checkpoint import load_checkpoint
     from attnlab.models.gpt import document_ids
     from attnlab.nn_utils import next_token_loss
-    from attnlab.runs import load_checkpoint
     from attnlab.training.module import LanguageModel
 
     overrides = [*QUIET, "trainer.max_steps=2", "trainer.limit_val_batches=2", "data.document_mask=true"]

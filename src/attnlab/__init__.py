@@ -57,14 +57,14 @@ def __getattr__(name: str) -> ModuleType:
 def build_model(cfg: Any) -> GPT:
     """The model a composed config describes (``cfg.model``, ``cfg.attention``), through the one builder:
     from scratch, or from ``model.init_from`` (``hf:<name|dir>`` or one of our ``.ckpt`` files)."""
+    from attnlab.configs import plain
     from attnlab.models import build_gpt
-    from attnlab.runs import plain
 
     return build_gpt(plain(cfg.model), plain(cfg.attention))
 
 
 def from_hf(path_or_name: str, attention: dict | str = "vanilla", **overrides: Any) -> GPT:
     """A Hugging Face GPT-2 / GPT-NeoX / Llama checkpoint (hub name or directory) with ``attention`` swapped in."""
-    from attnlab.models.hf import from_hf as load
+    from attnlab.models.builder import from_hf as load
 
     return load(path_or_name, attention=attention, **overrides)

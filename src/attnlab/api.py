@@ -32,7 +32,7 @@ def run(config_name: str, overrides: Sequence[str], job: Callable[[DictConfig], 
 
     from attnlab.configs import initialized
     from attnlab.resolvers import new_run_id
-    from attnlab.runs import ValidateBeforeWriting
+    from attnlab.validation import ValidateBeforeWriting
 
     new_run_id()
     root = logging.getLogger()
@@ -92,7 +92,7 @@ def checkpoint_source(path: str | Path, key: str = "path") -> tuple[str, str]:
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     from attnlab.models.hf import INIT_FROM_PREFIX
-    from attnlab.runs import LAST_CHECKPOINT
+    from attnlab.run_directory import LAST_CHECKPOINT
 
     text = str(path)
     if text.startswith(INIT_FROM_PREFIX):
@@ -127,7 +127,7 @@ def load(path: str | Path, attention: dict[str, Any] | str = "vanilla") -> tuple
     """The model (in eval mode) and tokenizer of one of our checkpoints (a ``.ckpt`` or a run directory) or of a
     Hugging Face model (directory or hub name; ``attention``: the variant to put into it, at its fine-tune init)."""
     from attnlab.eval.lm import load_model, load_tokenizer
-    from attnlab.runs import load_checkpoint
+    from attnlab.models.checkpoint import load_checkpoint
 
     key, value = checkpoint_source(path)
     if key == "ckpt_path":

@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from attnlab.training.sweeps import read_jobs
+from attnlab.run_directory import read_jobs
 
 METRICS = ("val_loss", "val_ppl", "unigram_ppl", "tokens_per_second", "parameters")
 ALWAYS_MEASURED = ("tokens_per_second", "parameters")

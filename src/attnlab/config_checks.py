@@ -23,6 +23,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from attnlab.errors import ConfigError, require
+from attnlab.field_checks import check_fields, check_value
 
 SEED_MAX = 2**32 - 1  # numpy and the data loaders take 32-bit seeds
 # callbacks whose constructors only check and store their arguments (Lightning's own are not built here)
@@ -41,17 +42,6 @@ def typed(value: Any, kind: type, key: str, allowed: str) -> Any:
     if kind is float:
         require(math.isfinite(value), key, f"must be a finite number, got {value!r}")
     return value
-
-
-def non_finite(value: Any) -> bool:
-    """Whether ``value`` is, or holds (lists, mappings), a NaN or an infinity."""
-    if isinstance(value, float):
-        return not math.isfinite(value)
-    if isinstance(value, Mapping):
-        return any(non_finite(item) for item in value.values())
-    if isinstance(value, list | tuple):
-        return any(non_finite(item) for item in value)
-    return False
 
 
 def positive_int(value: Any, key: str, allowed: str = "must be a positive integer") -> int:
@@ -81,30 +71,6 @@ def check_seed(cfg: DictConfig) -> None:
     require(0 <= seed <= SEED_MAX, "seed", f"must be in [0, {SEED_MAX}], got {seed}")
 
 
-def describe(annotation: Any) -> str:
-    """``int``, ``float | None``, ``list[str]``: an annotation as the user reads it."""
-    name = getattr(annotation, "__name__", None)
-    if name and not typing.get_args(annotation):
-        return name
-    return str(annotation).replace("typing.", "").replace("NoneType", "None")
-
-
-def check_value(value: Any, annotation: Any, key: str) -> None:
-    """``value`` against ``annotation`` (pydantic's lax mode; every number finite: no option of a model, a variant,
-    the data or a callback means anything at NaN or infinity); an annotation pydantic cannot check is skipped."""
-    from pydantic import PydanticSchemaGenerationError, TypeAdapter, ValidationError
-
-    try:
-        adapter = TypeAdapter(annotation)
-    except (PydanticSchemaGenerationError, TypeError, NameError):
-        return
-    try:
-        validated = adapter.validate_python(value)
-    except ValidationError:
-        raise ConfigError(key, f"must be {describe(annotation)}, got {value!r}") from None
-    require(not non_finite(validated), key, f"must be a finite number, got {value!r}")
-
-
 def plain_items(node: Any) -> Any:
     """A config node as plain Python; a value that does not resolve here (``${hydra:...}`` before the job runs) is
     left out, so checks read what they can and the job resolves the rest."""
@@ -123,14 +89,6 @@ def plain_items(node: Any) -> Any:
         except Exception:
             return []
     return node
-
-
-def check_fields(values: Mapping[str, Any], cls: type, prefix: str) -> None:
-    """Each of ``values`` whose name is a field of the dataclass ``cls``, against the field's type."""
-    hints = typing.get_type_hints(cls)
-    for field in dataclasses.fields(cls):
-        if field.name in values and field.name in hints:
-            check_value(values[field.name], hints[field.name], f"{prefix}.{field.name}" if prefix else field.name)
 
 
 def target_of(node: Mapping[str, Any]) -> Callable[..., Any] | None:

@@ -13,6 +13,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from omegaconf import DictConfig, OmegaConf
+
 # repository directory -> package
 PACKAGES = {
     "conf": "attnlab.conf",
@@ -117,3 +119,8 @@ def command_line_error(exc: Exception) -> str:
 
 def first_line(exc: Exception) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def plain(node: Any) -> Any:
+    """A resolved config node as plain Python (dicts and lists), what specs and checkpoints hold."""
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node

@@ -150,7 +150,7 @@ def hf_tokenizer(tokenizer: Tokenizer, max_length: int) -> PreTrainedTokenizerFa
 
 def export(checkpoint: str | Path, directory: str | Path, force: bool = False) -> Path:
     """Write ``checkpoint`` (one of our ``.ckpt``) as an HF model directory; returns it."""
-    from attnlab.runs import load_checkpoint
+    from attnlab.models.checkpoint import load_checkpoint
 
     target = Path(directory)
     occupied = target.exists() and (not target.is_dir() or any(target.iterdir()))

@@ -29,7 +29,7 @@ def generate_text(args: argparse.Namespace) -> str:
     import torch
 
     from attnlab.data.tokenizer import eos_token_id
-    from attnlab.runs import load_checkpoint
+    from attnlab.models.checkpoint import load_checkpoint
 
     run = load_checkpoint(args.checkpoint, key="checkpoint")
     tokenizer = run.tokenizer

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from huggingface_hub import ModelCard
 
-    from attnlab.runs import RunCheckpoint
+    from attnlab.models.checkpoint import RunCheckpoint
 
 
 def run_directory(checkpoint: Path) -> Path | None:

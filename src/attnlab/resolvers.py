@@ -73,8 +73,8 @@ if not OmegaConf.has_resolver("project_root"):
     OmegaConf.register_new_resolver("project_root", project_root)
 
 from attnlab.attention import store_presets  # noqa: E402
+from attnlab.cells import register as register_cell_dir  # noqa: E402  (${cell_dir:}: a table cell's name)
 from attnlab.models.config import store_defaults  # noqa: E402
-from attnlab.tables.cells import register as register_cell_dir  # noqa: E402  (${cell_dir:}: a table cell's name)
 
 register_cell_dir()
 store_presets()

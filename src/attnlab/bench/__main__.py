@@ -113,7 +113,7 @@ def step_section(args: argparse.Namespace, device: torch.device, progress: Progr
 
 
 def variants_section(args: argparse.Namespace, device: torch.device, progress: Progress) -> str:
-    from attnlab.runs import SYNTHETIC_ONLY_ATTENTION
+    from attnlab.validation import SYNTHETIC_ONLY_ATTENTION
 
     shape = resized(SHAPES[args.variants_shape], args)
     language = [n for n in available_attention() if n not in SYNTHETIC_ONLY_ATTENTION]  # not the synthetic ones

@@ -21,10 +21,10 @@ from omegaconf import DictConfig
 
 import attnlab.resolvers  # noqa: F401  (the config's resolvers)
 from attnlab.bench.timing import Progress
+from attnlab.configs import plain
 from attnlab.data import TextDataModule
 from attnlab.models import build_gpt
 from attnlab.nn_utils import next_token_loss
-from attnlab.runs import plain
 from attnlab.training.run import build_datamodule
 
 ROOT = Path(__file__).resolve().parents[3]

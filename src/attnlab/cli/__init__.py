@@ -25,8 +25,8 @@ def reproducible_kernels() -> None:
 def one_line_errors() -> Iterator[None]:
     """A job's ``ConfigError`` or ``RunStopped`` ends the command with one line and its exit status, not a traceback
     (the library raises them); inside a ``-m`` sweep the job fails alone and the sweep's summary reports it."""
+    from attnlab.run_directory import in_multirun
     from attnlab.training.guards import RunStopped
-    from attnlab.training.sweeps import in_multirun
 
     try:
         yield

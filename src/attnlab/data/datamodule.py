@@ -25,12 +25,13 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from attnlab.data.corpus import CORPUS_VERSION, wiki_sample_documents, write_once
 from attnlab.data.registry import registry_corpus_file
 from attnlab.data.text_files import corpus_sha256, resolve_text_files
-from attnlab.data.tokenizer import eos_token_id, load_pretrained_tokenizer, train_bpe_tokenizer
+from attnlab.data.tokenizer import eos_token_id, train_bpe_tokenizer
 from attnlab.defaults import DATA_SEED
 from attnlab.defaults import cache_dir as default_cache_dir
 from attnlab.digest import digest
 from attnlab.errors import ConfigError, require, require_choice
 from attnlab.hub import use_cache_only_if_offline
+from attnlab.models.checkpoint import load_pretrained_tokenizer
 
 log = logging.getLogger(__name__)
 

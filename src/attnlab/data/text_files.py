@@ -7,7 +7,7 @@ import glob
 from collections.abc import Sequence
 from pathlib import Path
 
-from attnlab.data import registry
+import attnlab.data.registry as registry  # the module (tests replace its functions), named below its package
 from attnlab.digest import digest, file_sha256
 from attnlab.errors import ConfigError
 

@@ -1,33 +1,16 @@
-"""Tokenizers: the model's own from the hub or a checkpoint, or a byte-level BPE trained on the training split."""
+"""Tokenizers: a byte-level BPE trained on the training split, and documents packed with the end-of-text token.
+(A model's own tokenizer, from a file, the hub or a checkpoint: ``models.checkpoint.load_pretrained_tokenizer``.)"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from attnlab.errors import ConfigError
-from attnlab.hub import hf_tokenizer_path
 
 EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>")
 BPE_EOS = "<|endoftext|>"
-
-
-def load_pretrained_tokenizer(name_or_path: str) -> Tokenizer:
-    """A ``tokenizer.json`` file, a directory holding one, a ``hf:`` checkpoint, a hub repo id, or one of our
-    ``.ckpt`` files (the tokenizer travels inside it).
-
-    Directories and hub repos go through the checkpoint loader's lookup, which fails fast without network.
-    """
-    name_or_path = name_or_path.removeprefix("hf:")
-    if name_or_path.endswith(".ckpt"):
-        from attnlab.runs import load_checkpoint
-
-        return load_checkpoint(name_or_path).tokenizer
-    if Path(name_or_path).is_file():
-        return Tokenizer.from_file(name_or_path)
-    return Tokenizer.from_file(hf_tokenizer_path(name_or_path))
 
 
 def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:

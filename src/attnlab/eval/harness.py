@@ -38,7 +38,7 @@ from attnlab.eval.passkey import TASK as PASSKEY_TASK
 from attnlab.eval.passkey import fitting_lengths, per_length_accuracy
 from attnlab.files import write_atomic
 from attnlab.hub import wandb_mode
-from attnlab.runs import locked, output_dir, write_results
+from attnlab.run_directory import locked, output_dir, write_results
 
 log = logging.getLogger(__name__)
 

@@ -21,11 +21,11 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from attnlab.config_checks import DTYPES as EVAL_DTYPES
-from attnlab.data.tokenizer import eos_token_id, load_pretrained_tokenizer
+from attnlab.data.tokenizer import eos_token_id
 from attnlab.errors import ConfigError
 from attnlab.models import GPT, build_gpt
+from attnlab.models.checkpoint import RunCheckpoint, load_checkpoint, load_pretrained_tokenizer
 from attnlab.models.hf import INIT_FROM_PREFIX
-from attnlab.runs import RunCheckpoint, load_checkpoint
 
 log = logging.getLogger(__name__)
 

@@ -62,7 +62,7 @@ def model_window(metadata: dict[str, Any]) -> int | None:
     if metadata.get("max_length"):
         return int(metadata["max_length"])
     if metadata.get("checkpoint"):
-        from attnlab.runs import load_checkpoint
+        from attnlab.models.checkpoint import load_checkpoint
 
         return int(load_checkpoint(metadata["checkpoint"]).spec["model"]["block_size"])
     if metadata.get("pretrained"):
@@ -207,7 +207,7 @@ def passkey_datamodule(
     key = hashlib.sha256(identity.encode()).hexdigest()[:16]
     directory = Path(cache_dir) / "passkey" / key
     if tokenizer:
-        from attnlab.data.tokenizer import load_pretrained_tokenizer
+        from attnlab.models.checkpoint import load_pretrained_tokenizer
 
         tok, tokenizer_file = load_pretrained_tokenizer(tokenizer), tokenizer
     else:

@@ -9,11 +9,12 @@ from typing import Any
 import lightning as L
 from omegaconf import DictConfig, OmegaConf
 
+from attnlab.configs import plain
 from attnlab.errors import ConfigError
 from attnlab.eval.harness import evaluate_suite
 from attnlab.eval.lm import AttnlabLM
 from attnlab.resolvers import run_id as current_run_id
-from attnlab.runs import output_dir, plain, remove_stub
+from attnlab.run_directory import output_dir, remove_stub
 
 log = logging.getLogger(__name__)
 

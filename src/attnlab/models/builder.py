@@ -10,6 +10,7 @@ from typing import Any
 from torch import Tensor
 
 from attnlab.errors import ConfigError
+from attnlab.models.checkpoint import load_checkpoint, restore_gpt
 from attnlab.models.config import ModelConfig
 from attnlab.models.gpt import GPT
 from attnlab.models.hf import (
@@ -34,9 +35,7 @@ def build_gpt(
     attention = {"name": attention} if isinstance(attention, str) else dict(attention)
     model = dict(model)
     if weights is not None:
-        gpt = GPT(ModelConfig.from_dict(model), attention)
-        gpt.load_state_dict(weights)
-        return gpt
+        return restore_gpt(model, attention, weights)
     if not model.get("init_from"):
         return GPT(ModelConfig.from_dict(model), attention)
     overrides = {key: model[key] for key in FINETUNE_OVERRIDES if key in model}
@@ -52,8 +51,6 @@ def pretrained_weights(init_from: str) -> tuple[ModelConfig, dict[str, Tensor]]:
             "model.init_from",
             f"got {init_from!r}; expected 'hf:<hub name or local directory>', a path to .ckpt or null",
         )
-    from attnlab.runs import load_checkpoint
-
     run = load_checkpoint(init_from, key="model.init_from")
     config = ModelConfig.from_dict(run.spec["model"])
     config.tokenizer = config.tokenizer or str(Path(init_from).resolve())  # else the tokenizer inside the ckpt
@@ -78,3 +75,8 @@ def finetune_init(
     load_pretrained_into(model, state)
     model.init_variant_for_finetuning()
     return model.eval()
+
+
+def from_hf(path_or_name: str, attention: Mapping[str, Any] | str = "vanilla", **overrides: Any) -> GPT:
+    """An HF checkpoint (hub name or directory) with ``attention`` at its fine-tune init (see ``finetune_init``)."""
+    return finetune_init(*load_hf_checkpoint(path_or_name), attention, overrides)

@@ -7,6 +7,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 from attnlab.errors import ConfigError, require, require_choice
+from attnlab.field_checks import check_fields
 
 FAMILIES = ("gpt2", "neox", "llama")
 POSITION_ENCODINGS = ("learned", "rotary", "sinusoidal", "alibi", "none")
@@ -44,8 +45,6 @@ class ModelConfig:
     extra: dict[str, Any] = field(default_factory=dict)  # provenance (e.g. the HF config it came from)
 
     def __post_init__(self) -> None:
-        from attnlab.config_checks import check_fields
-
         check_fields(self.__dict__, ModelConfig, "model")  # a config.json or a record is data from a file
         require_choice(self.family, FAMILIES, "model.family")
         require_choice(self.pos_encoding, POSITION_ENCODINGS, "model.pos_encoding")

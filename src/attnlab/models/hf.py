@@ -472,10 +472,3 @@ def load_pretrained_into(model: GPT, state: Mapping[str, Tensor]) -> None:
     }
     _check_keys(state, expected)
     model.load_state_dict(state, strict=False)
-
-
-def from_hf(path_or_name: str, attention: Mapping[str, Any] | str = "vanilla", **overrides: Any) -> GPT:
-    """An HF checkpoint (hub name or directory) with ``attention`` at its fine-tune init (see ``finetune_init``)."""
-    from attnlab.models.builder import finetune_init
-
-    return finetune_init(*load_hf_checkpoint(path_or_name), attention, overrides)

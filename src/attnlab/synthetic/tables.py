@@ -13,7 +13,7 @@ import torch
 from matplotlib.figure import Figure
 from omegaconf import DictConfig, OmegaConf
 
-from attnlab import plots
+import attnlab.plots as plots
 from attnlab.digest import digest
 from attnlab.errors import require, require_choice
 from attnlab.synthetic.data import entropy, option_counts, transition_matrix

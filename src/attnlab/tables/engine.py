@@ -1,7 +1,7 @@
 """The table engine: a table config (``experiments/conf/table/*.yaml``) -> training multiruns -> evaluations -> the
 table.
 
-Each grid cell is a training run in ``<runs_dir>/<cell name>`` (``attnlab.tables.cells``). A stage's pending
+Each grid cell is a training run in ``<runs_dir>/<cell name>`` (``attnlab.cells``). A stage's pending
 cells go to ``python -m attnlab.cli.train -m`` (``train.py``'s job, installed or not) as Hydra multiruns, so any
 Hydra launcher (``hydra/launcher=submitit_slurm``, ``joblib``) spreads them with no code change; finished cells
 (``results.json`` present) are never relaunched, and an interrupted one resumes from its own
@@ -28,11 +28,12 @@ from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from attnlab.cells import cell_name
 from attnlab.configs import config_files, initialized
 from attnlab.errors import ConfigError
-from attnlab.runs import LAST_CHECKPOINT, RESULTS_FILE, run_directory_in_use, validate_train_config
-from attnlab.tables.cells import cell_name
+from attnlab.run_directory import LAST_CHECKPOINT, RESULTS_FILE, run_directory_in_use
 from attnlab.tables.sizes import config_parameters, model_parts
+from attnlab.validation import validate_train_config
 
 log = logging.getLogger(__name__)
 

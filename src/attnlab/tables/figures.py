@@ -50,7 +50,7 @@ class TableResults:
     @classmethod
     def load(cls, results: Path, root: Path, scale: str | None = None) -> TableResults:
         """``results``: ``experiments/results/<table>/<scale>/`` (``scale``: its directory's name unless given)."""
-        from attnlab.tables import load_table
+        from attnlab.tables.definitions import load_table
         from attnlab.tables.engine import Engine
 
         (markdown,) = results.glob("*.md")  # <table>.md; its tidy CSV has the same name

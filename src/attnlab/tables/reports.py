@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import pandas as pd
 
@@ -15,11 +15,34 @@ from attnlab.errors import ConfigError
 from attnlab.tables.collect import variant_label, verdict_counts
 from attnlab.tables.stats import decide, paired_test, step_down
 
-if TYPE_CHECKING:
-    from attnlab.tables.engine import Cell, Engine
 
-Report = Callable[["Engine", "list[Cell]", Path], str]
-Render = Callable[[dict[str, Any], str, Path, Path], str]
+class Cell(Protocol):
+    """A cell as its reports read it (``tables.engine.Cell``)."""
+
+    stage: str
+    row: str
+    attention: str
+    seed: int
+    overrides: tuple[str, ...]
+
+
+class Engine(Protocol):
+    """The engine as the reports it runs read it (``tables.engine.Engine``, which imports them: not the reverse)."""
+
+    table: dict[str, Any]
+    scale: str
+    settings: dict[str, Any]
+
+    def eval_dir(self, cell: Any) -> Path: ...
+
+    def row_sizes(self) -> dict[tuple[str, str], tuple[str, int]]: ...
+
+    def compose(self, overrides: list[str]) -> Any: ...
+
+
+RowSizes = Callable[[], dict[tuple[str, str], tuple[str, int]]]  # ``Engine.row_sizes``: our model per paper row
+Report = Callable[[Engine, list[Cell], Path], str]
+Render = Callable[[dict[str, Any], str, RowSizes, Path], str]
 PRUNING_CSV = "pruning_curves.csv"
 PRUNING_HEADING = "## Head pruning (Michel et al.): importance order vs random orders"
 COSTS_CSV = "costs.csv"  # the ``costs`` report's record: parameters and step time against the baseline
@@ -43,18 +66,15 @@ def pruning_curves(engine: Engine, cells: list[Cell], out_dir: Path) -> str:
     return pruning_section(curves, engine.table, engine.scale, engine.row_sizes(), out_dir, expected)
 
 
-def render_pruning(table: dict[str, Any], scale: str, root: Path, out_dir: Path) -> str:
+def render_pruning(table: dict[str, Any], scale: str, row_sizes: RowSizes, out_dir: Path) -> str:
     """The pruning section and figure again from the committed ``pruning_curves.csv`` (and ``runs.csv``: which cells
     it should hold); without that CSV, the line naming the cells whose curves are not here, as ``pruning_curves``
     writes it."""
-    from attnlab.tables.engine import Engine
-
     runs = pd.read_csv(out_dir / "runs.csv")
     expected = list(zip(runs["attention"], runs["seed"], strict=True))
     if not (out_dir / PRUNING_CSV).is_file():  # its cells' curves never came back (the reproduced table says so too)
         return "\n".join([PRUNING_HEADING, "", curves_missing(expected, have=set())])
-    sizes = Engine(table, scale, root=root, runs_dir=root / "outputs" / "runs").row_sizes()
-    return pruning_section(pd.read_csv(out_dir / PRUNING_CSV), table, scale, sizes, out_dir, expected)
+    return pruning_section(pd.read_csv(out_dir / PRUNING_CSV), table, scale, row_sizes(), out_dir, expected)
 
 
 def curves_missing(expected: list[tuple[str, int]], have: set[tuple[str, int]]) -> str:
@@ -207,7 +227,7 @@ def cost_rounds(engine: Engine) -> int:
     return rounds
 
 
-def render_costs(table: dict[str, Any], scale: str, root: Path, out_dir: Path) -> str:
+def render_costs(table: dict[str, Any], scale: str, row_sizes: RowSizes, out_dir: Path) -> str:
     """The cost section again from the committed ``costs.csv`` (timing again would measure another machine)."""
     return costs_section(pd.read_csv(out_dir / COSTS_CSV), table)
 

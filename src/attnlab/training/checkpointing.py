@@ -35,6 +35,14 @@ class CheckpointWriteError(OSError):
         self.path = str(path)
 
 
+class NonFiniteError(RuntimeError):
+    """The loss or a gradient was NaN/Inf at ``step``; no optimizer step was taken with it."""
+
+    def __init__(self, step: int, what: str) -> None:
+        super().__init__(f"non-finite {what} at step {step}")
+        self.step = step
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """``torch.save`` through ``write_atomic``: a temp file beside the target, fsync, ``os.replace``, fsync the
     directory, so a reader (or a kill at any instant) sees either the complete old checkpoint or the complete new one.
@@ -129,8 +137,6 @@ class LastCheckpoint(ModelCheckpoint):
                 link.unlink(missing_ok=True)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        from attnlab.training.guards import NonFiniteError, describe_last_checkpoint
-
         if isinstance(exception, NonFiniteError | CheckpointWriteError) or trainer.global_step == 0:
             return  # keep the last finite (and complete) checkpoint as it is
         try:
@@ -193,6 +199,15 @@ def last_checkpoint_path(trainer: L.Trainer) -> str | None:
         if isinstance(callback, LastCheckpoint) and callback.last_model_path:
             return callback.last_model_path if Path(callback.last_model_path).is_file() else None
     return None
+
+
+def describe_last_checkpoint(trainer: L.Trainer, note: str = "") -> str:
+    """Where the latest complete state is, in words."""
+    path = last_checkpoint_path(trainer)
+    if path is None:
+        return "no checkpoint was saved"
+    step = next(c._last_global_step_saved for c in trainer.checkpoint_callbacks if isinstance(c, LastCheckpoint))
+    return f"last.ckpt holds step {step}{note}: resume with ckpt_path={path}"
 
 
 def remove_partial_saves(directory: Path) -> list[Path]:

@@ -20,19 +20,15 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor
 
 from attnlab.errors import require, require_choice
-from attnlab.training.checkpointing import CheckpointWriteError, LastCheckpoint, last_checkpoint_path
+from attnlab.training.checkpointing import (
+    CheckpointWriteError,
+    NonFiniteError,
+    describe_last_checkpoint,
+)
 
 log = logging.getLogger(__name__)
 
 ON_NONFINITE = ("stop", "skip")
-
-
-class NonFiniteError(RuntimeError):
-    """The loss or a gradient was NaN/Inf at ``step``; no optimizer step was taken with it."""
-
-    def __init__(self, step: int, what: str) -> None:
-        super().__init__(f"non-finite {what} at step {step}")
-        self.step = step
 
 
 class RunStopped(RuntimeError):
@@ -135,15 +131,6 @@ class CtrlCAtStepEnd(Callback):
 
 def ctrl_c_pressed(trainer: L.Trainer) -> bool:
     return any(isinstance(c, CtrlCAtStepEnd) and c.pressed for c in trainer.callbacks)
-
-
-def describe_last_checkpoint(trainer: L.Trainer, note: str = "") -> str:
-    """Where the latest complete state is, in words."""
-    path = last_checkpoint_path(trainer)
-    if path is None:
-        return "no checkpoint was saved"
-    step = next(c._last_global_step_saved for c in trainer.checkpoint_callbacks if isinstance(c, LastCheckpoint))
-    return f"last.ckpt holds step {step}{note}: resume with ckpt_path={path}"
 
 
 @contextmanager

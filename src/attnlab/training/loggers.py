@@ -150,7 +150,7 @@ def logged_config(cfg: Any, spec: dict[str, Any]) -> dict[str, Any]:
     """The config W&B (and the CSV log's hparams.yaml) show for a run: its spec (model as built, attention,
     optimiser, schedule), the data and trainer settings and the seed, which tell runs apart; not the composed
     config's paths, ``_target_`` keys or display switches (``print_config``, the progress bar)."""
-    from attnlab.runs import plain
+    from attnlab.configs import plain
 
     sections = {
         name: {key: value for key, value in plain(cfg[name]).items() if key not in dropped}

@@ -15,15 +15,16 @@ from torchmetrics.aggregation import MeanMetric
 
 from attnlab.errors import require
 from attnlab.models import GPT, ModelConfig
+from attnlab.models.checkpoint import MODEL_PREFIX, RECORD_KEY, check_record_against_weights, read_checkpoint_file
 from attnlab.models.gpt import document_ids
 from attnlab.nn_utils import fused_next_token_loss, next_token_loss
-from attnlab.runs import MODEL_PREFIX, RECORD_KEY, OptimSpec, check_record_against_weights, read_checkpoint_file
+from attnlab.validation import OptimSpec
 
 
 class LanguageModel(L.LightningModule):
     """Next-token prediction for a ``GPT`` built by ``attnlab.models.build_gpt``; every checkpoint it saves carries
-    the run's record (spec, tokenizer, data identity), so ``attnlab.runs`` reads it back without Lightning, and
-    ``LanguageModel.load_from_checkpoint(path)`` rebuilds the module from it (``on_load_checkpoint``)."""
+    the run's record (spec, tokenizer, data identity), so ``attnlab.models.checkpoint`` reads it back without
+    Lightning, and ``LanguageModel.load_from_checkpoint(path)`` rebuilds the module from it (``on_load_checkpoint``)."""
 
     def __init__(
         self,
@@ -55,9 +56,9 @@ class LanguageModel(L.LightningModule):
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path: str | Path, *args: Any, **kwargs: Any) -> LanguageModel:
-        """Lightning's, after the file is read as ``attnlab.runs`` reads it (tensors and plain data only): a pickled
-        payload, a truncated file or a record whose sizes its weights contradict is one ``ConfigError`` line
-        naming the file, before Lightning builds anything."""
+        """Lightning's, after the file is read as ``attnlab.models.checkpoint`` reads it (tensors and plain data
+        only): a pickled payload, a truncated file or a record whose sizes its weights contradict is one
+        ``ConfigError`` line naming the file, before Lightning builds anything."""
         if isinstance(checkpoint_path, str | Path):
             raw = read_checkpoint_file(Path(checkpoint_path), "checkpoint")
             saved = raw.get(RECORD_KEY)
@@ -85,7 +86,8 @@ class LanguageModel(L.LightningModule):
         require(
             isinstance(saved, dict) and isinstance(saved.get("spec"), dict),
             "checkpoint",
-            "carries no attnlab record (written before checkpoints had one); read it with attnlab.runs.load_checkpoint",
+            "carries no attnlab record (written before checkpoints had one); read it with "
+            "attnlab.models.checkpoint.load_checkpoint",
         )
         spec = saved["spec"]
         weights = {k.removeprefix(MODEL_PREFIX): v for k, v in checkpoint["state_dict"].items()}
@@ -183,6 +185,8 @@ def warmup_cosine(warmup_steps: int, total_steps: int, min_ratio: float, kind: s
     """Linear warmup, then cosine decay to ``min_ratio`` of the peak and flat after ``total_steps`` (or constant,
     the fine-tuning setting). A factor of each group's own lr: torch's CosineAnnealingLR takes one absolute
     ``eta_min`` for all groups, which the variant group's separate lr would not follow."""
+    # Not a library schedule: step by step, transformers' get_cosine_with_min_lr_schedule_with_warmup starts at lr 0
+    # (a step behind) and rises again past the horizon; torch's SequentialLR also rises, and differs in the last bits.
 
     def factor(step: int) -> float:
         if step < warmup_steps:

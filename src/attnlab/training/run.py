@@ -19,23 +19,21 @@ from lightning.pytorch.strategies.launchers.subprocess_script import _Subprocess
 from omegaconf import DictConfig
 
 from attnlab.compare import run_figure
+from attnlab.configs import plain
 from attnlab.console import announce
 from attnlab.data import TextDataModule
 from attnlab.errors import ConfigError, require
 from attnlab.models import GPT, ModelConfig, build_gpt
+from attnlab.models.checkpoint import check_resume, load_checkpoint, record
 from attnlab.numerics import kernel_record
-from attnlab.runs import (
+from attnlab.run_directory import (
     RESULTS_FILE,
     RunDirectoryInUse,
-    check_resume,
     claim_run_directory,
-    load_checkpoint,
+    in_multirun,
     output_dir,
-    plain,
-    record,
     release_run_directory,
     remove_stub,
-    validate_train_config,
     write_results,
 )
 from attnlab.slurm import cluster_plugins
@@ -44,7 +42,7 @@ from attnlab.training.checkpointing import last_checkpoint_path
 from attnlab.training.guards import stop_cleanly
 from attnlab.training.loggers import log_results, logged_config
 from attnlab.training.module import LanguageModel
-from attnlab.training.sweeps import in_multirun
+from attnlab.validation import validate_train_config
 
 log = logging.getLogger(__name__)
 

@@ -29,57 +29,19 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.errors import ConfigError
-from attnlab.runs import RunDirectoryInUse, check_writable, locked
+from attnlab.run_directory import JOBS_FILE, RunDirectoryInUse, check_writable, in_multirun, read_jobs, record_job
 
 log = logging.getLogger(__name__)
 
-JOBS_FILE = "jobs.jsonl"
 SWEEP_ID = "ATTNLAB_SWEEP_ID"  # set when a multirun starts; its jobs inherit it (same process, joblib, SLURM env)
 SWEPT_KEYS = "ATTNLAB_SWEPT_KEYS"  # the keys the multirun varies (a JSON list), passed to its jobs the same way
 HELD_ELSEWHERE = "held_elsewhere"  # a job whose directory another process trains in (not a failure)
 EXPECTED_ERRORS = (ConfigError,)  # reported in one line; anything else gets its traceback in the job's record
 
 
-def in_multirun() -> bool:
-    """True inside a Hydra ``-m`` job, where a failure must stay an exception for the sweep to record it."""
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-
-
 def one_line(error: BaseException) -> str:
     """``error: <message>`` as a single line, the way a single run prints it."""
     return "error: " + " ".join(str(error).split())
-
-
-def read_jobs(sweep_dir: Path, sweep: str | None = None) -> list[dict[str, Any]]:
-    """The outcome of every job recorded in ``sweep_dir`` (of sweep id ``sweep`` only, when given), in job order;
-    for a job recorded twice (a resumed sweep), its last record. Empty when nothing was recorded."""
-    path = sweep_dir / JOBS_FILE
-    if not path.is_file():
-        return []
-    jobs = [job for line in path.read_text(errors="replace").splitlines() if (job := job_record(line)) is not None]
-    if sweep is not None:
-        jobs = list({job["num"]: job for job in jobs if job.get("sweep") == sweep}.values())
-    return sorted(jobs, key=lambda job: job["num"])
-
-
-def job_record(line: str) -> dict[str, Any] | None:
-    """One line of ``jobs.jsonl`` as a record, or None for a line that is not one (a write cut by a kill, a file
-    edited by hand): such a job counts as unrecorded, and its directory still says what it left."""
-    try:
-        job = json.loads(line)
-    except ValueError:
-        return None
-    fields = {"num": int, "status": str, "overrides": list, "output_dir": (str, type(None))}  # None: a lost worker's
-    if not isinstance(job, dict) or not all(isinstance(job.get(key), kind) for key, kind in fields.items()):
-        return None
-    return job
-
-
-def record_job(sweep_dir: Path, record: dict[str, Any]) -> None:
-    """One line of ``jobs.jsonl``, the file locked while it is written (parallel jobs share it)."""
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    with locked(sweep_dir / JOBS_FILE, "a") as fh:
-        fh.write(json.dumps(record) + "\n")
 
 
 def job_sweep_dir(subdir: str | None, output_dir: str) -> Path:

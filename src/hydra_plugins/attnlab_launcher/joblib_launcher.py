@@ -25,7 +25,8 @@ from joblib import Parallel, delayed
 from joblib.externals.loky import get_reusable_executor
 from joblib.externals.loky.process_executor import TerminatedWorkerError
 
-from attnlab.training.sweeps import SWEEP_ID, record_job
+from attnlab.run_directory import record_job
+from attnlab.training.sweeps import SWEEP_ID
 
 log = logging.getLogger(__name__)
 

@@ -33,8 +33,9 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLaunche
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from attnlab.errors import ConfigError
+from attnlab.run_directory import record_job
 from attnlab.slurm import IN_LAUNCHED_JOB, TERMINATED, resource_mismatch
-from attnlab.training.sweeps import SWEEP_ID, record_job
+from attnlab.training.sweeps import SWEEP_ID
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,10 @@ from tokenizers import Tokenizer
 from torch import Tensor, nn
 
 # The metric modules register their metrics on import, in this order (the order they run and print in).
-from attnlab.eval.analysis import outliers, sinks, selectivity, pruning  # noqa: F401  isort: skip
+import attnlab.eval.analysis.outliers  # isort: skip
+import attnlab.eval.analysis.sinks  # isort: skip
+import attnlab.eval.analysis.selectivity  # isort: skip
+import attnlab.eval.analysis.pruning  # noqa: F401  isort: skip
 from attnlab.data.tokenizer import joined_ids
 from attnlab.errors import ConfigError, require
 from attnlab.eval.analysis.common import METRICS, AnalysisInputs, perplexity, unwrap

@@ -78,7 +78,7 @@ def resume_ckpt() -> str | None:
     """``ckpt_path=${resume_ckpt:}``: this job's own ``checkpoints/last.ckpt`` when an earlier attempt left one."""
     from hydra.core.hydra_config import HydraConfig
 
-    from attnlab.runs import LAST_CHECKPOINT  # imported here: resolvers register before any heavy import
+    from attnlab.run_directory import LAST_CHECKPOINT  # imported here: resolvers register before any heavy import
 
     if not HydraConfig.initialized():
         return None
