@@ -75,4 +75,31 @@ def kernel_record() -> dict[str, object]:
         "mkl_branch": os.environ.get("MKL_CBWR", "auto"),
         "cpu_threads": torch.get_num_threads(),
         "cpu": cpu_identity(),
+        **code_record(),
     }
+
+
+PACKAGES = ("lightning", "hydra-core", "datasets", "tokenizers", "numpy")
+
+
+def code_record() -> dict[str, object]:
+    """The code a run ran: attnlab's version, the git commit of its checkout (``+dirty`` with uncommitted changes to
+    tracked files; None when installed from a wheel) and the packages its numbers depend on."""
+    import subprocess
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(package: str) -> str | None:
+        try:
+            return version(package)
+        except PackageNotFoundError:
+            return None
+
+    checkout = Path(__file__).resolve().parent
+    try:
+        git = ["git", "-C", str(checkout)]
+        commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        changes = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+        commit += "+dirty" if changes.stdout.strip() else ""
+    except (OSError, subprocess.CalledProcessError):  # no git, or not a checkout (installed from a wheel)
+        commit = None
+    return {"attnlab": installed("attnlab"), "commit": commit, "packages": {p: installed(p) for p in PACKAGES}}
