@@ -266,7 +266,7 @@ def cell_configs(page: Page, out: Path, root: Path) -> None:
         page.runs.append(RunRow(run.stage, run.row, run.attention, int(run.seed), recorded_name, link))
     if not page.configs_note and any(row.config and row.config.note.startswith("composed") for row in page.runs):
         page.configs_note = (
-            "Configs marked \"composed today\" belong to cells recorded before the engine committed each cell's "
+            'Configs marked "composed today" belong to cells recorded before the engine committed each cell\'s '
             f"as-run config ({CELLS_FILE}): today's code composed them, and may have named the cell differently."
         )
 

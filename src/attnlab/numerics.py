@@ -98,7 +98,8 @@ def code_record() -> dict[str, object]:
     try:
         git = ["git", "-C", str(checkout)]
         commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        changes = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+        status = [*git, "status", "--porcelain", "--untracked-files=no"]
+        changes = subprocess.run(status, capture_output=True, text=True)
         commit += "+dirty" if changes.stdout.strip() else ""
     except (OSError, subprocess.CalledProcessError):  # no git, or not a checkout (installed from a wheel)
         commit = None
