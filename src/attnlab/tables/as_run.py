@@ -82,9 +82,10 @@ def committed_cells(cells: list[Any], results_dir: Path) -> tuple[dict[str, dict
             continue
         line = recorded.get(name)
         differs = stale(line["identity"], cell.identity) if line else None
-        if name == cell.directory.name and differs == []:
+        renamed = name != cell.directory.name
+        if not renamed and differs == []:
             reused[name] = record
-        elif name != cell.directory.name:
+        elif renamed or differs:
             why = f"changed: {', '.join(differs)}" if differs else "recorded before its as-run config was committed"
-            changed.append(f"{name} is now {cell.directory.name} ({why})")
+            changed.append(f"{name}{f' is now {cell.directory.name}' if renamed else ''} ({why})")
     return reused, changed
