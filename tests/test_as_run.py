@@ -99,16 +99,19 @@ def test_a_committed_cell_with_todays_identity_is_reused_and_a_changed_one_is_na
     runs = [{**key, "seed": s, "run": f"outputs/runs/{n}", "ppl": 9.0} for s, n in ((1, "tiny-vanilla-s1-aaaa"),)]
     runs.append({**key, "seed": 2, "run": "outputs/runs/tiny-vanilla-s2-bbbb", "ppl": 8.0})
     runs.append({**key, "seed": 3, "run": "outputs/runs/tiny-vanilla-s3-cccc", "ppl": 7.0})  # no as-run line
+    runs.append({**key, "seed": 4, "run": "outputs/runs/tiny-vanilla-s4-ffff", "ppl": 6.0})  # no line, same name
     pd.DataFrame(runs).to_csv(tmp_path / "runs.csv", index=False)
     cells = [
         FakeCell("pretrain", "R", "vanilla", 1, tmp_path / "tiny-vanilla-s1-aaaa", identity),
         FakeCell("pretrain", "R", "vanilla", 2, tmp_path / "tiny-vanilla-s2-dddd", {**identity, "seed": 2, "x": 1}),
         FakeCell("pretrain", "R", "vanilla", 3, tmp_path / "tiny-vanilla-s3-eeee", {**identity, "seed": 3}),
+        FakeCell("pretrain", "R", "vanilla", 4, tmp_path / "tiny-vanilla-s4-ffff", {**identity, "seed": 4}),
     ]
     reused, changed = committed_cells(cells, tmp_path)
     assert list(reused) == ["tiny-vanilla-s1-aaaa"] and reused["tiny-vanilla-s1-aaaa"]["ppl"] == 9.0
     assert changed == [
         "tiny-vanilla-s2-bbbb is now tiny-vanilla-s2-dddd (changed: x)",
         "tiny-vanilla-s3-cccc is now tiny-vanilla-s3-eeee (recorded before its as-run config was committed)",
+        "tiny-vanilla-s4-ffff (recorded before its as-run config was committed)",
     ]
     assert stale({"a": {"b": 1}}, {"a": {"b": 2}, "c": 3}) == ["a.b", "c"] and stale(identity, identity) == []

@@ -87,10 +87,13 @@ def reproduce(
         forced.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(forced, salt["salt"] + "\n")
     # committed cells whose as-run config is today's are finished (a table with reports needs its cells' files)
-    reused, changed = ({}, []) if table.get("reports") else committed_cells(grid, results_dir)
+    reused, changed = committed_cells(grid, results_dir)
+    if table.get("reports"):
+        changed += [f"{name} (the table's reports need its run directory)" for name in reused]
+        reused = {}
     if changed:
         logging.getLogger(__name__).warning(
-            "%d committed cell(s) of %s at %s are stale and will be trained again: %s",
+            "%d committed cell(s) of %s at %s will be trained again: %s",
             len(changed),
             table.get("name"),
             scale,

@@ -65,8 +65,9 @@ def stale(recorded: dict[str, Any], identity: dict[str, Any]) -> list[str]:
 
 def committed_cells(cells: list[Any], results_dir: Path) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """The committed records (``runs.csv`` lines, run name -> record) of ``cells`` not trained here whose as-run
-    identity is today's (finished: neither trained nor evaluated again), and a line per committed cell that today's
-    config names differently (stale: it will be trained again), saying what changed where its as-run line says."""
+    identity is today's (finished: neither trained nor evaluated again), and a line per other committed cell (it will
+    be trained again): its new name where today's config names it differently (stale), and what changed where its
+    as-run line says, or that it has none."""
     import pandas as pd
 
     runs = results_dir / "runs.csv"
@@ -85,7 +86,7 @@ def committed_cells(cells: list[Any], results_dir: Path) -> tuple[dict[str, dict
         renamed = name != cell.directory.name
         if not renamed and differs == []:
             reused[name] = record
-        elif renamed or differs:
+        else:
             why = f"changed: {', '.join(differs)}" if differs else "recorded before its as-run config was committed"
             changed.append(f"{name}{f' is now {cell.directory.name}' if renamed else ''} ({why})")
     return reused, changed
