@@ -23,14 +23,22 @@ RAN_WITH = ("attnlab", "commit", "packages", "torch", "cpu_kernels", "mkl_branch
 TRAINED = ("corpus_sha256", "steps", "train_tokens", "parameters")
 
 
+AT_FINISH = "when the cell finished, from its run directory"
+
+
 def as_run(
-    name: str, key: dict[str, Any], overrides: Iterable[str], identity: dict[str, Any], results: dict[str, Any]
+    name: str,
+    key: dict[str, Any],
+    overrides: Iterable[str],
+    identity: dict[str, Any],
+    results: dict[str, Any],
+    recorded: str = AT_FINISH,
 ) -> dict[str, Any]:
     """One cell's line: ``key`` (stage, row, attention, seed), how it was composed, what its name digests and what
-    its ``results.json`` says it ran with (keys it predates are null)."""
+    its ``results.json`` says it ran with (keys it predates are null); ``recorded``: how the line was made."""
     return (
-        {"name": name, **key, "overrides": list(overrides), "identity": identity, "digest": digest(identity, 10)}
-        | {"ran_with": {k: results.get(k) for k in RAN_WITH}}
+        {"name": name, **key, "recorded": recorded, "overrides": list(overrides), "identity": identity}
+        | {"digest": digest(identity, 10), "ran_with": {k: results.get(k) for k in RAN_WITH}}
         | {"trained": {k: results.get(k) for k in TRAINED}}
     )
 

@@ -413,21 +413,21 @@ class Engine:
         return records
 
     def as_run(self, cells: list[Cell]) -> list[dict[str, Any]]:
-        """Each finished cell's as-run line (``attnlab.tables.as_run``); a start checkpoint shown as in runs.csv."""
+        """Each finished cell's as-run line (``attnlab.tables.as_run``), with what its ``results.json`` says."""
         import json
 
+        return [self.as_run_line(c, json.loads((c.directory / RESULTS_FILE).read_text())) for c in cells]
+
+    def as_run_line(self, cell: Cell, results: dict[str, Any], **how: str) -> dict[str, Any]:
+        """The cell's as-run line; its start checkpoint shown as in runs.csv (relative to the project)."""
         from attnlab.tables.as_run import as_run
 
-        lines = []
-        for cell in cells:
-            results = json.loads((cell.directory / RESULTS_FILE).read_text())
-            start = "model.init_from="
-            overrides = [
-                start + self.shown(Path(o.removeprefix(start))) if o.startswith(start) else o for o in cell.overrides
-            ]
-            key = {"stage": cell.stage, "row": cell.row, "attention": cell.attention, "seed": cell.seed}
-            lines.append(as_run(cell.directory.name, key, overrides, cell.identity, results))
-        return lines
+        start = "model.init_from="
+        overrides = [
+            start + self.shown(Path(o.removeprefix(start))) if o.startswith(start) else o for o in cell.overrides
+        ]
+        key = {"stage": cell.stage, "row": cell.row, "attention": cell.attention, "seed": cell.seed}
+        return as_run(cell.directory.name, key, overrides, cell.identity, results, **how)
 
     def shown(self, path: Path) -> str:
         """``path`` relative to the repository when inside it (runs.csv is committed: no machine's checkout in it)."""
