@@ -215,7 +215,7 @@ def cell_configs(page: Page, out: Path, root: Path) -> None:
 
     from attnlab.errors import ConfigError
     from attnlab.tables import load_table
-    from attnlab.tables.as_run import CELLS_FILE, read_cells
+    from attnlab.tables.as_run import AT_FINISH, CELLS_FILE, read_cells
     from attnlab.tables.engine import Engine
 
     runs = pd.read_csv(page.source / "runs.csv")
@@ -237,11 +237,13 @@ def cell_configs(page: Page, out: Path, root: Path) -> None:
         path = target / f"{recorded_name}.yaml"
         renamed = cell is not None and cell.directory.name != recorded_name
         if recorded_name in recorded:
-            header = f"# the config this cell ran with, as the engine recorded it ({committed})\n"
+            line = recorded[recorded_name]
+            header = f"# the config this cell ran with, from {committed} (how the line was made: its recorded key)\n"
             if renamed:
                 header += f"# stale: today's config names this cell {cell.directory.name} (a reproduction trains it)\n"
-            path.write_text(header + OmegaConf.to_yaml(OmegaConf.create(recorded[recorded_name])))
-            note = "as run" + (", stale today" if renamed else "")
+            path.write_text(header + OmegaConf.to_yaml(OmegaConf.create(line)))
+            backfilled = line.get("recorded", AT_FINISH) != AT_FINISH
+            note = "as run" + (", backfilled" if backfilled else "") + (", stale today" if renamed else "")
         elif (run_dir / ".hydra" / "config.yaml").is_file():
             header = f"# the config this cell ran with ({run.run}/.hydra/config.yaml)\n"
             path.write_text(header + (run_dir / ".hydra" / "config.yaml").read_text())

@@ -335,7 +335,8 @@ def test_report_site_on_the_smoke_table(smoke_run: dict, tmp_path: Path) -> None
         config = out / "configs" / "table3-smoke" / f"{Path(run.run).name}.yaml"
         assert f'href="configs/table3-smoke/{config.name}"' in page
         text = config.read_text()
-        assert text.startswith("# the config this cell ran with, as the engine recorded it") and "commit:" in text
+        assert text.startswith("# the config this cell ran with, from experiments/results/table3/smoke/cells.jsonl")
+        assert "commit:" in text and "recorded: when the cell finished" in text
         assert f"attention: {run.attention}" in text
     assert "(as run)" in page and "composed today" not in page
 
