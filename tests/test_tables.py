@@ -205,10 +205,19 @@ def test_gpu_scale_composes_and_asks_only_for_a_gpu(tmp_path: Path) -> None:
     one line says so."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
     command = [sys.executable, "experiments/reproduce_table.py", "table=outliers", "scale=gpu"]
-    done = subprocess.run([*command, f"runs_dir={tmp_path}/runs"], cwd=ROOT, env=env, capture_output=True, text=True)
+    places = [f"runs_dir={tmp_path}/runs", f"results_dir={tmp_path}/results"]  # no committed cells to take instead
+    done = subprocess.run([*command, *places], cwd=ROOT, env=env, capture_output=True, text=True)
     assert done.returncode != 0 and "Traceback" not in done.stderr and not (tmp_path / "runs").exists()
     last = done.stderr.strip().splitlines()[-1]
     assert last == "error: scale: gpu needs GPUs (torch sees none); run it on a GPU, or use SCALE=cpu"
+    import shutil
+
+    committed = ROOT / "experiments" / "results" / "outliers" / "gpu"
+    shutil.copytree(committed, tmp_path / "results")  # every cell's as-run line matches today's: nothing to train
+    done = subprocess.run([*command, *places], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode == 0 and not (tmp_path / "runs").exists(), done.stderr[-2000:]
+    for name in ("outliers.md", "outliers.csv", "effects.csv", "runs.csv", "cells.jsonl"):
+        assert (tmp_path / "results" / name).read_bytes() == (committed / name).read_bytes(), name
 
 
 def test_unknown_scale_is_one_line_error() -> None:
