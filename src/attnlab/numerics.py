@@ -83,9 +83,8 @@ PACKAGES = ("lightning", "hydra-core", "datasets", "tokenizers", "numpy")
 
 
 def code_record() -> dict[str, object]:
-    """The code a run ran: attnlab's version, the git commit of its checkout (``+dirty`` with uncommitted changes to
-    tracked files; None when installed from a wheel) and the packages its numbers depend on."""
-    import subprocess
+    """The code a run ran: attnlab's version, the commit of its clone (``checkout_commit``) and the packages its
+    numbers depend on."""
     from importlib.metadata import PackageNotFoundError, version
 
     def installed(package: str) -> str | None:
@@ -94,13 +93,27 @@ def code_record() -> dict[str, object]:
         except PackageNotFoundError:
             return None
 
-    checkout = Path(__file__).resolve().parent
+    return {
+        "attnlab": installed("attnlab"),
+        "commit": checkout_commit(),
+        "packages": {p: installed(p) for p in PACKAGES},
+    }
+
+
+def checkout_commit() -> str | None:
+    """HEAD of the clone attnlab runs from, ``+dirty`` with uncommitted changes to tracked files; None when attnlab
+    is installed (its site-packages may sit inside some other repository) or git is missing."""
+    import subprocess
+
+    checkout = Path(__file__).resolve().parents[2]  # src/attnlab/numerics.py in a clone
+    if not (checkout / "pyproject.toml").is_file():
+        return None
+    git = ["git", "-C", str(checkout)]
     try:
-        git = ["git", "-C", str(checkout)]
         commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        status = [*git, "status", "--porcelain", "--untracked-files=no"]
-        changes = subprocess.run(status, capture_output=True, text=True)
-        commit += "+dirty" if changes.stdout.strip() else ""
-    except (OSError, subprocess.CalledProcessError):  # no git, or not a checkout (installed from a wheel)
-        commit = None
-    return {"attnlab": installed("attnlab"), "commit": commit, "packages": {p: installed(p) for p in PACKAGES}}
+        changes = subprocess.run(
+            [*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return commit + ("+dirty" if changes.stdout.strip() else "")
