@@ -44,7 +44,7 @@ ORDER = (
     "pruning",
 )
 ORDER += ("emergence", "bench")  # then any other results directory, by name
-COPIED = ("*.csv", "*.md", "*.png")
+COPIED = ("*.csv", "*.md", "*.png", "*.jsonl")  # cells.jsonl: each cell's as-run config
 RESULTS_LINK = re.compile(r'(src|href)="(experiments/results/[^"#]+)"')
 THRESHOLD = re.compile(r" \([<>]= \S+ needed; \d+ seed\(s\)\)")  # "(>= 50 needed; 3 seed(s))": the table states it
 PARTIAL = re.compile(r"\*\*Partial: ([^*]+)\*\*")
