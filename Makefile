@@ -95,16 +95,16 @@ reproduce-gating: $(STAMP)  ## Qiu et al.: gate positions G1-G5 and forms (perpl
 reproduce-pruning: $(STAMP)  ## Michel et al.: head pruning curves, importance vs random (the outliers table's cells; SCALE=cpu|cpu_long|gpu|paper|smoke) -> experiments/results/pruning/
 	$(TABLE) table=pruning
 
-reproduce-variants: $(STAMP)  ## every attention variant against vanilla from scratch: ppl, sink, outliers, W8A8, entropy, cost; SCALE=cpu|cpu_long|gpu|paper|smoke; effects.png -> experiments/results/variants/
+reproduce-variants: $(STAMP)  ## every attention variant against vanilla from scratch: ppl, sink, outliers, W8A8, entropy, cost; SCALE=cpu|cpu_long|gpu|paper|smoke|synthetic; effects.png -> experiments/results/variants/
 	$(TABLE) table=variants
 
-report: $(STAMP)  ## every committed table, figure and README reading as one static site -> outputs/report/index.html (~1.5 min)
+report: $(STAMP)  ## every committed table, figure and reading (experiments/results/<table>/README.md) as one static site -> outputs/report/index.html (~1.5 min)
 	$(PY) experiments/report.py $(ARGS)
 
 readme-sample: $(STAMP)  ## re-run make train (and eval=analysis on it) and write the README's sample outputs from them
 	$(PY) experiments/readme_sample.py --analysis
 
-readme-numbers: $(STAMP)  ## check every percentage, interval and p-value the README's table readings quote against the committed results
+readme-numbers: $(STAMP)  ## check every percentage, interval and p-value the table readings quote (README.md, docs/, experiments/results/*/README.md) against the committed results
 	$(PY) experiments/readme_numbers.py
 
 notebooks: $(STAMP)  ## open notebooks/ in JupyterLab (installs the `notebooks` extra into .venv the first time)

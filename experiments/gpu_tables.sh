@@ -17,6 +17,13 @@
 #   results.json and reads its cached evaluation.
 #   SCALE (default gpu), ARGS (train.py overrides for every cell), JOBS (cells at once, default 9), LIMIT (seconds per
 #   table, default 480), PYTHON.
+# The variants table where the outliers live (issue 46), one H100: carry the outliers table's gpu cells (vanilla,
+#   clipped_softmax, gated) and the gating table's gated_sdpa cells as records, as above, so 21 cells train:
+#   OUT=/dir TABLES=variants JOBS=16 LIMIT=540 bash experiments/gpu_tables.sh   (twice: the second call continues
+#   each cell from its last.ckpt, every 500 steps). Estimated, not yet measured: 21 cells x 16.4M tokens = 344M
+#   tokens; the gating run's 6 cells side by side made ~350k tokens/s together (58k each), so ~16 min of training if
+#   16 processes keep that rate, in two calls of 9 min plus ~1 min of analyses. Before switching to bf16-mixed or
+#   compile to fit one call, check vanilla's kurtosis and W8A8 gap against the fp32 cells (issue 46).
 # Or a train.py sweep instead of tables, its runs in outputs/sweep/ (resumed there while the machine stays warm), cut
 # at LIMIT (each run keeps its last periodic checkpoint), its curves archived every 30 s, e.g. the sink search (README,
 # "Weight decay and the sink"): SWEEP="experiment=emergence trainer=gpu trainer.devices=1 trainer.precision=32-true

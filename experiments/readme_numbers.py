@@ -1,6 +1,8 @@
-"""Check the numbers the README's readings quote against the committed results (``make readme-numbers``).
+"""Check the numbers the table readings quote against the committed results (``make readme-numbers``).
 
-A reading of an engine table (``<!-- reading: table5 table6 -->`` ... ``<!-- /reading -->``, the tables with a config
+The readings are in the README.md beside each table's results (``experiments/results/<table>/README.md``); the
+README itself and docs/ are checked the same way, so a number moved between them keeps its check. A reading of an
+engine table (``<!-- reading: table5 table6 -->`` ... ``<!-- /reading -->``, the tables with a config
 in experiments/conf/table/) quotes its tables' numbers in prose, and the tables whose results directory it names
 (``experiments/results/outliers/``). Every signed percentage (``+1.36%``), interval (``[+0.91, +1.81]``) and p-value
 (``p 0.029``, ``Holm p 0.134``) in it must be one of those tables' committed numbers (any scale) at the precision it
@@ -42,9 +44,10 @@ class Mismatch:
     line: int
     quoted: str
     kind: str
+    page: str = "README.md"
 
     def __str__(self) -> str:
-        return f"README.md:{self.line}: {self.kind} {self.quoted} is in none of the reading's tables' files"
+        return f"{self.page}:{self.line}: {self.kind} {self.quoted} is in none of the reading's tables' files"
 
 
 def value(text: str) -> float:
@@ -135,8 +138,8 @@ def collect(tables: list[str], results: Path) -> Numbers:
     return numbers
 
 
-def check(readme: str, results: Path) -> list[Mismatch]:
-    """Every quote of the three kinds in every reading that is not among its tables' numbers."""
+def check(readme: str, results: Path, page: str = "README.md") -> list[Mismatch]:
+    """Every quote of the three kinds in every reading of the page ``readme`` that is not among its tables' numbers."""
     engine_tables = {path.stem for path in (results.parent / "conf" / "table").glob("*.yaml")}
     found = []
     for match in READING.finditer(readme):
@@ -156,21 +159,32 @@ def check(readme: str, results: Path) -> list[Mismatch]:
                 for quoted in pattern.findall(line):
                     if not matches(quoted, pool):
                         found.append(
-                            Mismatch(first_line + offset, quoted + ("%" if kind == "percentage" else ""), kind)
+                            Mismatch(first_line + offset, quoted + ("%" if kind == "percentage" else ""), kind, page)
                         )
             for low, high in INTERVAL.findall(line):
                 for bound in (low, high):
                     if not matches(bound, numbers.bounds):
-                        found.append(Mismatch(first_line + offset, f"[{low}, {high}]", "interval bound " + bound))
+                        bound_kind = "interval bound " + bound
+                        found.append(Mismatch(first_line + offset, f"[{low}, {high}]", bound_kind, page))
     return found
+
+
+def pages(root: Path = ROOT) -> list[Path]:
+    """Where readings are: the README, docs/ and the README.md beside each table's results."""
+    results = sorted((root / "experiments" / "results").glob("*/README.md"))
+    return [root / "README.md", *sorted((root / "docs").rglob("*.md")), *results]
+
+
+def check_pages(paths: list[Path], results: Path, root: Path = ROOT) -> list[Mismatch]:
+    return [m for path in paths for m in check(path.read_text(), results, path.resolve().relative_to(root).as_posix())]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
+    parser.add_argument("pages", type=Path, nargs="*", help="Markdown files (default: every page with readings)")
     parser.add_argument("--results", type=Path, default=ROOT / "experiments" / "results")
     args = parser.parse_args(argv)
-    mismatches = check(args.readme.read_text(), args.results)
+    mismatches = check_pages(args.pages or pages(), args.results)
     for mismatch in mismatches:
         print(mismatch)
     print(f"{len(mismatches)} quoted number(s) not found in the committed results", file=sys.stderr)

@@ -116,7 +116,7 @@ def test_evaluate_cli_runs_the_quick_task_set_on_a_checkpoint_copied_alone(
 def test_evaluate_cli_runs_an_analysis_suite_with_no_lm_eval_task(
     trained: tuple[Path, dict], tmp_path: Path, data_cache: Path
 ) -> None:
-    """``evaluate.py eval=analysis_cpu`` (``tasks: []``), as the README's phenomena runs call it."""
+    """``evaluate.py eval=analysis_cpu`` (``tasks: []``), as the phenomena search's runs call it."""
     out, _ = trained
     suite = ("eval=analysis_cpu", "eval.analysis.metrics=[outliers,w8a8]", "eval.analysis.eval_max_tokens=512")
     done = run_evaluate(out / "checkpoints" / "last.ckpt", tmp_path, *suite, f"paths.cache_dir={data_cache}")

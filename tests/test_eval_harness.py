@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,25 @@ def test_evaluation_says_where_it_wrote_its_results(lm: AttnlabLM, tmp_path: Pat
     evaluate_suite(lm, quick, tmp_path / "out", limit=2, cache_dir=str(data_cache), results_csv=results_csv)
     printed = capsys.readouterr().out
     assert printed.rstrip().endswith(f"results: {tmp_path / 'out' / 'results.json'}\n  one row added to {results_csv}")
+
+
+def test_an_evaluation_outside_a_git_repository_prints_no_git_error_nor_lm_eval_warning(
+    lm: AttnlabLM,
+    tmp_path: Path,
+    data_cache: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """lm-eval records ``git describe`` of the current directory, where git prints ``fatal: not a git repository``;
+    and it warns about each metric of our tasks that states no aggregation or direction."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))  # (a tmp inside a repository is outside it)
+    quick = {**suite("quick"), "passkey": {"context_lengths": [128], "samples_per_length": 1, "seed": 1}}
+    evaluate_suite(lm, quick, tmp_path / "out", limit=2, cache_dir=str(data_cache))
+    assert "fatal" not in capfd.readouterr().err
+    warned = [r.getMessage() for r in caplog.records if r.name.startswith("lm_eval") and r.levelno >= logging.WARNING]
+    assert not warned
 
 
 def test_passkey_lengths_beyond_the_window_are_rejected(lm: AttnlabLM, tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from setuptools import find_namespace_packages
 from tests.conftest import MICRO_DATA, MICRO_MODEL, ROOT
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+PYPROJECT_VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 
 def test_the_wheel_lists_every_package_and_maps_the_config_directories() -> None:
@@ -25,7 +26,9 @@ def test_the_wheel_lists_every_package_and_maps_the_config_directories() -> None
     assert set(PYPROJECT["packages"]) == set(find_namespace_packages("src")) | mapped
     for package, directory in PYPROJECT["package-dir"].items():
         assert package == "" or (ROOT / directory / "__init__.py").is_file()  # Hydra's pkg:// wants a package
-        assert package == "" or PYPROJECT["package-data"][package] == ["**/*.yaml"]
+        if package not in ("", "attnlab.report_templates"):
+            assert PYPROJECT["package-data"][package] == ["**/*.yaml"]
+    assert PYPROJECT["package-data"]["attnlab.report_templates"] == ["*.j2"]
 
 
 @pytest.mark.slow
@@ -35,7 +38,7 @@ def test_the_installed_tool_trains_evaluates_and_lists_tables_from_an_empty_dire
     wheels, env_dir, work = tmp_path / "wheels", tmp_path / "venv", tmp_path / "work"
     build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels)]
     source = tmp_path / "source"  # the files the wheel is built from, so the build leaves nothing in the checkout
-    for name in ("pyproject.toml", "README.md", "LICENSE", "src", "conf", "experiments/conf"):
+    for name in ("pyproject.toml", "README.md", "LICENSE", "src", "conf", "experiments/conf", "experiments/templates"):
         (source / name).parent.mkdir(parents=True, exist_ok=True)
         subprocess.run(["cp", "-r", str(ROOT / name), str(source / name)], check=True)
     subprocess.run([*build, str(source)], check=True, capture_output=True, timeout=300)
@@ -78,3 +81,13 @@ def test_the_installed_tool_trains_evaluates_and_lists_tables_from_an_empty_dire
     listed = run("attnlab-table", "--help")
     assert "table: gating, outliers, pruning, table3" in listed and "table_protocol: cpu_long, from_scratch" in listed
     assert "model: gpt2" in run("attnlab-train", "--help")
+
+    # attnlab-report: the committed table3 as a table's results in this directory, its pages from the package's
+    # templates and its cells' configs composed from the package's table configs
+    assert run("attnlab-report", "--version").strip() == f"attnlab {PYPROJECT_VERSION}"
+    results = work / "experiments" / "results"
+    results.mkdir(parents=True)
+    subprocess.run(["cp", "-r", str(ROOT / "experiments/results/table3"), str(results)], check=True)
+    assert "report: " in run("attnlab-report")
+    page = (work / "outputs" / "report" / "table3-cpu.html").read_text()
+    assert "configs/table3-cpu/" in page and (work / "outputs" / "report" / "configs" / "table3.yaml").is_file()

@@ -146,6 +146,16 @@ def test_the_progress_bar_counts_tokens() -> None:
     tqdm.close()
 
 
+def test_the_progress_bar_names_the_training_not_an_epoch(capsys: pytest.CaptureFixture) -> None:
+    """Lightning names the bar ``Epoch <n>`` at each epoch start: a resumed step-based run would print "Epoch 1"."""
+    from attnlab.training.callbacks import TokenProgressBar
+
+    tqdm = TokenProgressBar().init_train_tqdm()
+    tqdm.set_description("Epoch 1")  # what Lightning's on_train_epoch_start does
+    tqdm.close()
+    assert str(tqdm).startswith("Training") and "Epoch" not in capsys.readouterr().out
+
+
 def test_our_lm_eval_tasks_state_each_metrics_aggregation() -> None:
     """lm-eval prints a warning per metric it has to give a default aggregation or direction, on every evaluation."""
     from lm_eval.tasks._yaml_loader import load_yaml
@@ -178,6 +188,18 @@ def test_an_optional_logger_without_its_package_is_one_line(
     ):
         attnlab.train([*TRAIN_MICRO, f"logger={logger}", f"paths.root_dir={tmp_path}", f"paths.cache_dir={data_cache}"])
     assert not [path for path in tmp_path.rglob("*") if path.is_file()]  # nothing left behind
+
+
+def test_a_run_ends_with_one_checkpoint_file_and_names_its_resized_model(tmp_path: Path, data_cache: Path) -> None:
+    """Its last validation is its best: the best checkpoint and last.ckpt are one file under two names (not 64 MB
+    twice for model=tiny), and the summary line says how the model differs from its preset."""
+    results = attnlab.train([*TRAIN_MICRO, "logger=csv", f"paths.root_dir={tmp_path}", f"paths.cache_dir={data_cache}"])
+    checkpoints = Path(results["output_dir"]) / "checkpoints"
+    best, last = Path(results["best_checkpoint"]), checkpoints / "last.ckpt"
+    assert best.parent == checkpoints and best.stat().st_ino == last.stat().st_ino
+    assert sorted(path.name for path in checkpoints.iterdir()) == sorted([best.name, "last.ckpt"])
+    log = (Path(results["output_dir"]) / "train.log").read_text()
+    assert "attnlab: tiny (model.n_layer=2, model.n_head=2, model.n_embd=32, model.block_size=64) + attention" in log
 
 
 def test_logger_tensorboard_names_and_groups_runs_as_wandb(tmp_path: Path, data_cache: Path) -> None:

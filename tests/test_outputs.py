@@ -43,7 +43,8 @@ def test_a_run_started_elsewhere_writes_into_its_project_and_shows_its_config(tm
     assert done.returncode == 0, done.stderr[-3000:]
     assert list(elsewhere.iterdir()) == []
     (run,) = (project / "outputs" / "debug").iterdir()
-    tree, summary = done.stdout.split("\nattnlab: tiny + attention=vanilla")
+    resized = ", ".join(MICRO_MODEL)  # the summary names the preset's overrides
+    tree, summary = done.stdout.split(f"\nattnlab: tiny ({resized}) + attention=vanilla")
     for branch in ("run", "optim", "model", "attention", "data", "trainer", "logger", "callbacks", "paths"):
         assert f"── {branch}\n" in tree, branch
     assert f"root_dir: {project}\n" in tree and f"output_dir: {run}\n" in tree and "fast_dev_run: true" in tree

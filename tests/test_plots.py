@@ -429,3 +429,51 @@ def test_table1_figures_name_the_protocol_lr_seeds_and_our_model(tmp_path: Path,
     steps = trajectory_figure(cfg, pd.DataFrame(trajectory), paper_numbers.TABLE1)
     assert "SSA only" in steps.subfigs[1].get_suptitle()
     assert steps.subfigs[1].legends[0].get_texts()[0].get_text() == "T, 1 option (node 7)"
+
+
+def test_a_tables_tradeoff_figure_puts_each_variant_at_its_means_with_the_baseline_marked(tmp_path: Path) -> None:
+    """attnlab.tables.figures: per y column (W8A8 gap, max kurtosis), one point per variant at (x mean, y mean)
+    from the tidy CSV with its std bars; the baseline a black square with dashed lines through it; a column that
+    did not run is no panel; kurtosis spanning 20x goes on a log axis, said in its label."""
+    from attnlab.tables.figures import TableResults
+
+    place = {"stage": "pretrain", "row": "from scratch", "seeds": 3}
+    means = {
+        "vanilla": {"perplexity": (300.0, 10.0), "w8a8_gap_pct": (4.6, 1.0), "kurtosis_max": (486.0, 50.0)},
+        "gated": {"perplexity": (310.0, 5.0), "w8a8_gap_pct": (0.7, 0.2), "kurtosis_max": (12.0, 3.0)},
+        "softpick": {"perplexity": (295.0, 8.0), "w8a8_gap_pct": (2.0, 0.5), "kurtosis_max": (40.0, 9.0)},
+    }
+    tidy = [
+        place | {"attention": a, "column": c, "mean": m, "std": s}
+        for a, columns in means.items()
+        for c, (m, s) in columns.items()
+    ]
+    tidy.append(place | {"attention": "vanilla", "column": "sink_epsilon", "mean": None, "std": None})
+    pd.DataFrame(tidy).to_csv(tmp_path / "variants.csv", index=False)
+    table = {
+        "name": "variants",
+        "title": "Every variant",
+        "baseline": "vanilla",
+        "columns": [
+            {"paper": "perplexity", "unit": "token perplexity"},
+            {"paper": "w8a8_gap_pct", "unit": "percentage points"},
+            {"paper": "kurtosis_max", "unit": "kurtosis"},
+            {"paper": "sink_epsilon", "unit": "share of heads"},
+        ],
+        "paper_variant_names": {"gated": "Bondarenko gated"},
+        "tradeoff_figure": {"x": "perplexity", "y": ["w8a8_gap_pct", "kurtosis_max", "sink_epsilon"]},
+    }
+    sizes = {("pretrain", "from scratch"): ("tiny", 4_300_000)}
+    fig = rendered(TableResults(table, "cpu_long", tmp_path, sizes).tradeoff_figure(), tmp_path / "tradeoff.png")
+    gap, kurtosis = fig.axes  # sink_epsilon has no mean: no panel
+    assert gap.get_ylabel().startswith("w8a8_gap_pct (percentage points)") and gap.get_yscale() == "linear"
+    assert kurtosis.get_yscale() == "log" and "(log scale)" in kurtosis.get_ylabel().replace("\n", " ")
+    labels = {t.get_text(): t.xy for t in gap.texts}
+    assert labels == {"vanilla": (300.0, 4.6), "gated": (310.0, 0.7), "softpick": (295.0, 2.0)}
+    dashed = [line for line in gap.get_lines() if line.get_linestyle() == "--"]
+    assert sorted(tuple(line.get_xdata()) + tuple(line.get_ydata()) for line in dashed) == sorted(
+        [(300.0, 300.0, 0, 1), (0, 1, 4.6, 4.6)]
+    )
+    shown = texts(fig)
+    assert "bars: ±1 std over seeds" in shown and "4.3M" in fig.get_suptitle() and "3 seed(s)" in fig.get_suptitle()
+    assert colliding_text(fig) == []

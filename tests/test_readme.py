@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from experiments import readme_numbers, readme_sample, report
+from experiments import readme_numbers, readme_sample
 
+from attnlab import report
 from attnlab.errors import ConfigError
 from tests.conftest import ROOT
 
@@ -35,12 +36,41 @@ def test_a_block_is_rewritten_from_its_record(tmp_path: Path) -> None:
     )
 
 
-def test_every_committed_table_has_a_reading_in_the_readme() -> None:
-    """``make report`` shows the README's reading beside each table: none may be missing."""
-    found = report.readings((ROOT / "README.md").read_text())
-    committed = {page.name for page in report.discover(ROOT / "experiments" / "results")}
+def test_every_committed_table_has_a_reading_beside_its_results() -> None:
+    """``make report`` shows each table's reading (``experiments/results/<table>/README.md``) on its pages: none may be
+    missing, and the README links each of them."""
+    results = ROOT / "experiments" / "results"
+    found = report.readings(results)
+    committed = {page.name for page in report.discover(results)}
     assert committed - set(found) == set()
     assert all(text.strip() for text in found.values())
+    readme = (ROOT / "README.md").read_text()
+    assert all(f"(experiments/results/{name}/README.md)" in readme for name in committed if name in found)
+
+
+def test_a_readings_links_are_relative_to_its_readme_and_point_into_the_site(tmp_path: Path) -> None:
+    """As GitHub shows a results README, its links are relative to it; the report's page points them at its copies
+    and shows the reading once (the README itself is not a results file of the page)."""
+    results = tmp_path / "results"
+    (results / "t9" / "cpu").mkdir(parents=True)
+    (results / "t9" / "cpu" / "t9.md").write_text("# Table 9\n")
+    (results / "t9" / "cpu" / "fig.png").write_bytes(b"not a real png")
+    (results / "emergence").mkdir()
+    (results / "emergence" / "curves.csv").write_text("step\n1\n")
+    (results / "emergence" / "README.md").write_text("<!-- reading: emergence -->\nThe *search*.\n<!-- /reading -->\n")
+    (results / "t9" / "README.md").write_text(
+        "# Table 9\n\n<!-- reading: t9 -->\n![the figure](cpu/fig.png), [the curves](../emergence/curves.csv) and "
+        "[the data](../../../docs/data.md)\n<!-- /reading -->\n"
+    )
+    report.build(results, tmp_path / "site", ROOT)
+    page = (tmp_path / "site" / "t9-cpu.html").read_text()
+    assert 'src="data/t9/cpu/fig.png"' in page and 'href="data/emergence/emergence/curves.csv"' in page
+    assert 'href="docs/data.md"' in page  # a repository page the site does not copy keeps its repository path
+    search = (tmp_path / "site" / "emergence-emergence.html").read_text()
+    assert (
+        search.count("<em>search</em>") == 1
+        and not (tmp_path / "site" / "data" / "emergence" / "emergence" / "README.md").exists()
+    )
 
 
 def test_the_readme_overview_is_the_committed_results_rendered() -> None:
@@ -137,8 +167,10 @@ def test_make_train_still_prints_the_recorded_numbers(tmp_path: Path) -> None:
 
 def test_every_number_a_reading_quotes_is_in_the_committed_results() -> None:
     """The readings' signed percentages, intervals and p-values come from the tables' files, checked by a script
-    (experiments/readme_numbers.py), not by eye."""
-    found = readme_numbers.check((ROOT / "README.md").read_text(), ROOT / "experiments" / "results")
+    (experiments/readme_numbers.py), not by eye: in the README, docs/ and each table's results README."""
+    pages = readme_numbers.pages()
+    assert ROOT / "experiments" / "results" / "table5" / "README.md" in pages and ROOT / "README.md" in pages
+    found = readme_numbers.check_pages(pages, ROOT / "experiments" / "results")
     assert found == [], "\n".join(map(str, found))
 
 

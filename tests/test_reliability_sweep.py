@@ -28,6 +28,7 @@ def test_a_failed_job_is_its_own_and_the_sweep_reports_it(tmp_path: Path, data_c
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 1
     assert "Sweep" in done.stdout and "2 of 3 jobs completed" in done.stdout
+    assert (done.stdout + done.stderr).count("jobs completed") == 1  # the summary once, not also through a log
     error = "error: model.n_embd: n_embd=32 must be divisible by model.n_head=3"
     assert re.search(rf"job 1 \(model.n_head=3 [^)]*\) failed: {error}", done.stdout)
     assert done.stderr.strip().splitlines()[-1] == f"error: 1 of 3 sweep jobs failed (details: {sweep}/jobs.jsonl)"

@@ -10,8 +10,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from experiments import report
 
+from attnlab import report
 from tests.conftest import ROOT
 from tests.test_report_safety import crafted_results
 

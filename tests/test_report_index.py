@@ -5,8 +5,7 @@ negative stops at 0, and paper numbers not verified against the paper's text are
 
 from __future__ import annotations
 
-from experiments import report
-
+from attnlab import report
 from tests.conftest import ROOT
 
 RESULTS = ROOT / "experiments" / "results"

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from experiments import report
 
+from attnlab import report
 from attnlab.files import STAGING
 from tests.conftest import ROOT
 
@@ -34,11 +34,11 @@ def crafted_results(root: Path) -> Path:
 
 
 def test_every_text_from_a_file_is_escaped_in_the_pages(tmp_path: Path) -> None:
-    readme = tmp_path / "README.md"
-    readme.write_text(
+    results = crafted_results(tmp_path)
+    (results / "crafted" / "README.md").write_text(
         f"<!-- reading: crafted -->\nOur reading <script>alert(1)</script> {INJECTED}\n<!-- /reading -->\n"
     )
-    index = report.build(crafted_results(tmp_path), tmp_path / "site", ROOT, readme)
+    index = report.build(results, tmp_path / "site", ROOT)
     pages = [index, *sorted(index.parent.glob("*.html"))]
     for page in pages:
         html = page.read_text()
@@ -61,24 +61,24 @@ def test_a_run_name_and_its_config_name_are_escaped_in_the_cells_table() -> None
 
 def test_a_users_file_in_the_report_directory_survives_the_next_report(tmp_path: Path) -> None:
     results, out = crafted_results(tmp_path), tmp_path / "site"
-    report.build(results, out, ROOT, ROOT / "README.md")
+    report.build(results, out, ROOT)
     (out / "my-notes.txt").write_text("mine")
     (out / "data" / "mine").mkdir()
     (out / "data" / "mine" / "plot.png").write_bytes(b"mine")
     (results / "crafted" / "crafted.md").write_text("# Crafted again\n")
-    report.build(results, out, ROOT, ROOT / "README.md")
+    report.build(results, out, ROOT)
     assert (out / "my-notes.txt").read_text() == "mine" and (out / "data" / "mine" / "plot.png").read_bytes() == b"mine"
     assert "Crafted again" in (out / "crafted-default.html").read_text()
     (results / "crafted" / "crafted.md").unlink()
     (results / "crafted" / "gone.md").write_text("# gone\n")  # a page the earlier report wrote is no longer made
-    report.build(results, out, ROOT, ROOT / "README.md")
+    report.build(results, out, ROOT)
     assert not (out / "data" / "crafted" / "default" / "crafted.md").exists()
     assert (out / "data" / "crafted" / "crafted" / "gone.md").is_file() and (out / "my-notes.txt").is_file()
 
 
 def test_a_users_file_where_the_report_writes_is_refused_in_one_line(tmp_path: Path) -> None:
     results, out = crafted_results(tmp_path), tmp_path / "site"
-    report.build(results, out, ROOT, ROOT / "README.md")
+    report.build(results, out, ROOT)
     (results / "crafted" / "extra.csv").write_text("x\n1\n")
     (out / "data" / "crafted" / "default" / "extra.csv").write_text("my own extra.csv")
     refused = run_report("--results", str(results), "--out", str(out))
@@ -108,7 +108,7 @@ def test_a_killed_reports_staging_directory_is_removed_by_the_next(tmp_path: Pat
     (abandoned / "index.html").write_text("half written")
     alive = tmp_path / f".site{STAGING}{os.getppid()}-def456"  # a live process's: left alone
     alive.mkdir()
-    report.build(crafted_results(tmp_path), tmp_path / "site", ROOT, ROOT / "README.md")
+    report.build(crafted_results(tmp_path), tmp_path / "site", ROOT)
     assert not abandoned.exists() and alive.is_dir()
 
 

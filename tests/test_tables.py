@@ -319,17 +319,15 @@ def test_report_site_on_the_smoke_table(smoke_run: dict, tmp_path: Path) -> None
     """``make report`` on the smoke table: the reading, the table, its figures, CSVs and every cell's config."""
     import shutil
 
-    from experiments import report
+    from attnlab import report
 
     results = tmp_path / "results"
     shutil.copytree(smoke_run["settings"]["results_dir"], results / "table3" / "smoke")
-    readme = tmp_path / "README.md"
-    readme.write_text(
-        "intro\n\n<!-- reading: table3 -->\n\n*Our reading*, see [the runs](experiments/results/table3/smoke/runs.csv)."
-        "\n\n<!-- /reading -->\n"
+    (results / "table3" / "README.md").write_text(  # its links are relative to it, as GitHub shows them
+        "intro\n\n<!-- reading: table3 -->\n\n*Our reading*, see [the runs](smoke/runs.csv).\n\n<!-- /reading -->\n"
     )
     out = tmp_path / "site"
-    index = report.build(results, out, ROOT, readme)
+    index = report.build(results, out, ROOT)
     assert index == out / "index.html" and "table3-smoke.html" in index.read_text()
     page = (out / "table3-smoke.html").read_text()
     assert "<em>Our reading</em>" in page and 'href="data/table3/smoke/runs.csv"' in page
@@ -356,7 +354,8 @@ def test_report_composes_configs_of_runs_not_here_and_never_overwrites_other_fil
     import shutil
 
     import pandas as pd
-    from experiments import report
+
+    from attnlab import report
 
     results = tmp_path / "results" / "table3" / "smoke"
     shutil.copytree(smoke_run["settings"]["results_dir"], results)
@@ -366,7 +365,7 @@ def test_report_composes_configs_of_runs_not_here_and_never_overwrites_other_fil
     names[0] = "outputs/runs/renamed-since-0000000000"  # a cell whose identity changed after it ran
     runs.assign(run=names).to_csv(results / "runs.csv", index=False)
     out = tmp_path / "site"
-    report.build(tmp_path / "results", out, ROOT, ROOT / "README.md")
+    report.build(tmp_path / "results", out, ROOT)
     configs = out / "configs" / "table3-smoke"
     renamed, same = (
         (configs / f"{Path(names[0]).name}.yaml").read_text(),
@@ -377,7 +376,7 @@ def test_report_composes_configs_of_runs_not_here_and_never_overwrites_other_fil
     assert f"not {Path(names[0]).name}: something in its identity changed" in renamed
     assert "today's config names this cell" not in same
     assert f"name: {runs['attention'][1]}" in same and f"seed: {runs['seed'][1]}" in same
-    report.build(tmp_path / "results", out, ROOT, ROOT / "README.md")  # an earlier report is replaced
+    report.build(tmp_path / "results", out, ROOT)  # an earlier report is replaced
     elsewhere = tmp_path / "mine"
     elsewhere.mkdir()
     (elsewhere / "notes.txt").write_text("mine")

@@ -4,6 +4,7 @@ curves and the pruning report end to end at smoke scale."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -265,3 +266,38 @@ def test_a_fine_tune_cell_is_named_by_its_start() -> None:
         cell_name(engine.compose([*overrides, "model.init_from=/z/cell-a/checkpoints/last.ckpt"]))
         == names["/x/runs/cell-a/checkpoints/last.ckpt"]
     )
+
+
+def test_a_long_table_says_which_cells_it_trains_and_the_time_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each sweep's line names its cells among all the table trains now and, after the first, the time left."""
+    import logging
+
+    import attnlab.tables.engine as engine_module
+
+    engine = Engine(load_table("table3", ROOT), "cpu", root=ROOT, runs_dir=tmp_path)
+    cells = engine.cells()
+    (cells[0].directory).mkdir(parents=True)
+    (cells[0].directory / "results.json").write_text("{}")  # finished before: not counted
+
+    def train_sweep(command: list[str], _cwd: Path) -> None:
+        """What the sweep leaves: each of its cells finished."""
+        attentions = next(o for o in command if o.startswith("attention=")).split("=", 1)[1].split(",")
+        seeds = next(o for o in command if o.startswith("seed=")).split("=", 1)[1].split(",")
+        fixed = {o for o in command if "=" in o}
+        for cell in cells:
+            same = {o for o in cell.overrides if not o.startswith(("attention=", "seed="))} <= fixed
+            if same and cell.attention in attentions and str(cell.seed) in seeds and not cell.finished:
+                cell.directory.mkdir(parents=True, exist_ok=True)
+                (cell.directory / "results.json").write_text("{}")
+
+    monkeypatch.setattr(engine_module, "run_sweep", train_sweep)
+    with caplog.at_level(logging.INFO, logger="attnlab.tables.engine"):
+        engine.train(cells)
+    lines = [r.getMessage() for r in caplog.records if r.name == "attnlab.tables.engine"]
+    total = len(cells) - 1
+    assert lines[0] == f"{total} of {len(cells)} cells to train (1 finished before)"
+    sweeps = [line for line in lines[1:] if " cell(s) (" in line]
+    assert len(sweeps) >= 2 and re.search(rf"\(cells? 1(-\d+)? of {total}\)", sweeps[0])
+    assert all(re.search(rf"of {total}, about \d+ (h \d+ )?min left\)", line) for line in sweeps[1:])

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -212,6 +213,7 @@ def run_figure(run_dir: Path, results: dict[str, Any]) -> Path | None:
 def main(argv: list[str] | None = None) -> None:
     """``attnlab-compare <sweep dir> [--out <dir>]``."""
     parser = argparse.ArgumentParser(prog="attnlab-compare", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"attnlab {version('attnlab')}")
     parser.add_argument("sweep_dir", type=Path)
     parser.add_argument("--out", type=Path, default=None, help="directory for table.md and table.csv")
     args = parser.parse_args(argv)

@@ -13,7 +13,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-PACKAGES = {"conf": "attnlab.conf", "experiments/conf": "attnlab.tables.conf"}  # repository directory -> package
+# repository directory -> package
+PACKAGES = {
+    "conf": "attnlab.conf",
+    "experiments/conf": "attnlab.tables.conf",
+    "experiments/templates": "attnlab.report_templates",
+}
 
 
 def checkout() -> Path | None:

@@ -42,6 +42,7 @@ PALETTE = (
 )
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*")
 PAPER_COLOUR = "#000000"
+BASELINE_FREE_PALETTE = tuple(c for c in PALETTE if c != "#000000")  # black marks the baseline alone
 DPI = 150
 STYLE: dict[str, Any] = {
     "font.size": 9,
@@ -455,6 +456,68 @@ def effects_figure(panels: Sequence[EffectPanel], title: str, caption: str = "",
         entries = [Patch(color=UNJUDGED_COLOUR)] + [Patch(color=c) for c in VERDICT_COLOURS.values()]
         names = ["no paper direction to judge"] + [f"a paper's claim: {v} (Holm)" for v in VERDICT_COLOURS]
         fig.legend(entries, names, loc="outside lower center", ncols=len(entries))
+        fig.suptitle(title + (f"\n{caption}" if caption else ""))
+    return fig
+
+
+@dataclass
+class TradeoffPanel:
+    """One y metric against the shared x metric: per variant label, ``x``/``y`` means and their ``x_std``/``y_std``
+    over seeds (NaN: one seed, no bar)."""
+
+    ylabel: str
+    points: pd.DataFrame  # index: variant label; columns: x, x_std, y, y_std
+
+
+def tradeoff_figure(
+    panels: Sequence[TradeoffPanel], xlabel: str, baseline: str, title: str, caption: str = ""
+) -> Figure:
+    """What a variant buys and what it costs, at a glance: each panel one y metric (W8A8 gap, max kurtosis) against
+    the same x (FP perplexity), a point per variant with its name and ±1 std bars over seeds on both axes; the
+    baseline drawn apart (black square, dashed lines through it), so "below and left of the lines" reads "fewer
+    outliers and no worse perplexity". A log y axis (said in the label) where the values span ``LOG_SPAN``."""
+    with style():
+        fig = Figure(figsize=(5.2 * len(panels) + 0.6, 5.0), layout="constrained")
+        axes = fig.subplots(1, len(panels), squeeze=False, sharex=True)[0]
+        for ax, panel in zip(axes, panels, strict=True):
+            points = panel.points.astype(float)
+            for index, (label, point) in enumerate(points.iterrows()):
+                mine = label == baseline
+                colour = BASELINE_FREE_PALETTE[index % len(BASELINE_FREE_PALETTE)]
+                look = (
+                    {"color": "#000000", "marker": "s"}
+                    if mine
+                    else {"color": colour, "marker": MARKERS[index % len(MARKERS)]}
+                )
+                ax.errorbar(
+                    point["x"],
+                    point["y"],
+                    xerr=point["x_std"],
+                    yerr=point["y_std"],
+                    fmt=look["marker"],
+                    color=look["color"],
+                    markersize=7 if mine else 5,
+                    capsize=2,
+                    linewidth=1,
+                )
+                ax.annotate(str(label), (point["x"], point["y"]), xytext=(4, 4), textcoords="offset points", fontsize=7)
+            if baseline in points.index:
+                ax.axvline(points.loc[baseline, "x"], color="#000000", linestyle="--", linewidth=0.8)
+                ax.axhline(points.loc[baseline, "y"], color="#000000", linestyle="--", linewidth=0.8)
+            ylabel = panel.ylabel
+            positive = points["y"][points["y"] > 0]
+            if len(positive) == len(points) and wants_log(positive):
+                ax.set_yscale("log")
+                ylabel += " (log scale)"
+            ax.set_ylabel(wrap(ylabel, 48))
+            ax.set_xlabel(wrap(xlabel, 48))
+        entries = [
+            Line2D([], [], color="#000000", marker="s", linestyle="--", label=f"{baseline} (dashed: its values)"),
+            Line2D(
+                [], [], color="#555555", marker="|", linestyle="none", markersize=10, label="bars: ±1 std over seeds"
+            ),
+        ]
+        fig.legend(handles=entries, loc="outside lower center", ncols=2)
         fig.suptitle(title + (f"\n{caption}" if caption else ""))
     return fig
 

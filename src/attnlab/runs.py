@@ -23,12 +23,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, ClassVar
 
-import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
-from tokenizers import Tokenizer
-from torch import Tensor
 
 from attnlab.config_checks import check_evaluate_config, check_run_config, check_seed, positive_int, typed
 from attnlab.digest import start_identity
@@ -36,6 +33,9 @@ from attnlab.errors import ConfigError, require, require_choice
 from attnlab.files import write_atomic
 
 if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+    from torch import Tensor
+
     from attnlab.models import GPT
 
 log = logging.getLogger(__name__)
@@ -427,6 +427,8 @@ class RunCheckpoint:
                 f"{self.path} predates checkpoints that carry their tokenizer and no tokenizer.json is in its run "
                 "directory; pass tokenizer=<path to tokenizer.json>",
             )
+        from tokenizers import Tokenizer
+
         try:
             return Tokenizer.from_str(self.tokenizer_json)
         except Exception as exc:  # tokenizers raises its own (Rust) error types for JSON that is not a tokenizer
@@ -442,6 +444,8 @@ class RunCheckpoint:
 def read_checkpoint_file(path: Path, key: str = "ckpt_path") -> dict[str, Any]:
     """One ``torch.load`` with ``weights_only=True``: tensors and plain data only, never code from the file.
     ``key``: the config key that named the file, for the error line."""
+    import torch  # (here: Hydra's plugin discovery imports this module for every command, ``--help`` included)
+
     require(path.is_file(), key, f"no checkpoint file at {path}")
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)

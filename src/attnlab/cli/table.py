@@ -14,8 +14,6 @@ import attnlab.resolvers  # noqa: F401  (registers ${run_id:} and ${cell_dir:})
 from attnlab.cli import reproducible_kernels
 from attnlab.configs import config_source, run_hydra
 from attnlab.errors import ConfigError
-from attnlab.tables import render, reproduce
-from attnlab.tables.engine import TableInterrupted
 
 
 def launcher_overrides(launcher: str | None) -> list[str]:
@@ -24,7 +22,12 @@ def launcher_overrides(launcher: str | None) -> list[str]:
 
 
 def task(cfg: DictConfig) -> None:
-    """Runs (or, ``render_only``, writes again) the table; a bad setting or a signal ends it with one line."""
+    """Runs (or, ``render_only``, writes again) the table; a bad setting or a signal ends it with one line.
+
+    The engine is imported here, not at the top: ``--help`` and shell completion compose the config only."""
+    from attnlab.tables import render, reproduce
+    from attnlab.tables.engine import TableInterrupted
+
     signal.signal(signal.SIGTERM, stop_on_sigterm)  # between sweeps (evaluating, writing) as during one: one line
     table = OmegaConf.to_container(cfg.table, resolve=True)
     root = Path(cfg.root_dir)
@@ -56,6 +59,8 @@ def task(cfg: DictConfig) -> None:
 
 
 def stop_on_sigterm(_signal_number: int, _frame: object) -> None:
+    from attnlab.tables.engine import TableInterrupted
+
     raise TableInterrupted(signal.SIGTERM)
 
 

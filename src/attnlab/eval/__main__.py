@@ -26,8 +26,11 @@ def main() -> None:
 
     if len(sys.argv) > 1 and "--include_path" not in sys.argv and not {"-h", "--help"} & set(sys.argv):
         sys.argv += ["--include_path", str(TASKS_DIR)]
+    from attnlab.eval.harness import lm_eval_without_noise
+
     try:
-        cli_evaluate()
+        with lm_eval_without_noise():
+            cli_evaluate()
     except ConfigError as exc:
         sys.exit(f"error: {exc}")
 

@@ -14,9 +14,13 @@ import logging
 import math
 import os
 import re
+import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 from datasets import DatasetDict
@@ -93,6 +97,50 @@ def task_manager(suite: dict[str, Any], metadata: dict[str, Any] | None = None) 
     return manager
 
 
+def quiet_git_hash() -> str | None:
+    """lm-eval's ``get_git_commit_hash`` (``git describe --always`` in the current directory) with git's stderr
+    dropped: outside a git repository, the installed tool's usual place, git prints ``fatal: not a git repository``
+    into every evaluation (EleutherAI/lm-evaluation-harness#1691, open in 0.4.13). None there, as lm-eval records."""
+    try:
+        described = subprocess.run(
+            ["git", "describe", "--always"], capture_output=True, text=True, check=True, timeout=30
+        ).stdout
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError):
+        return None
+    return described.strip() or None
+
+
+# lm-eval's warnings about our own tasks that say nothing to fix: every task with a ``custom_dataset`` (ours build
+# their data from the run) is told it could take ``--metadata``, and the passkey's per-length accuracy
+# (``acc_<length>``, lengths from the suite) is averaged with a warning that it is averaged
+OUR_TASKS_EXPECTED = re.compile(
+    r"attnlab_\w+: Custom kwargs can be passed to `--metadata`"
+    r"|\[attnlab_passkey\] No aggregation function defined for metric acc_\d+\. Using mean\."
+)
+
+
+def not_expected(record: logging.LogRecord) -> bool:
+    """The logging filter: keeps a record unless it is one of ``OUR_TASKS_EXPECTED``."""
+    return not OUR_TASKS_EXPECTED.match(record.getMessage())
+
+
+@contextmanager
+def lm_eval_without_noise() -> Iterator[None]:
+    """lm-eval's evaluator records the git hash with ``quiet_git_hash``, and its expected warnings about our tasks
+    (``OUR_TASKS_EXPECTED``) are dropped, while this is open; every other warning of lm-eval is shown."""
+    import lm_eval.evaluator
+
+    loggers = [logging.getLogger(name) for name in ("lm_eval.api.task", "lm_eval.evaluator_utils")]
+    for logger in loggers:
+        logger.addFilter(not_expected)
+    try:
+        with mock.patch.object(lm_eval.evaluator, "get_git_commit_hash", quiet_git_hash):
+            yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(not_expected)
+
+
 def run_lm_eval(
     lm: AttnlabLM,
     suite: dict[str, Any],
@@ -109,18 +157,19 @@ def run_lm_eval(
     manager = task_manager(suite, metadata)
     lm.tokenizer.save(metadata["tokenizer"])
     try:
-        return lm_eval.simple_evaluate(
-            model=lm,
-            tasks=list(suite["tasks"]),
-            limit=limit,
-            task_manager=manager,
-            bootstrap_iters=int(suite.get("bootstrap_iters", 0)),
-            log_samples=False,
-            random_seed=seed,
-            numpy_random_seed=seed,
-            torch_random_seed=seed,
-            fewshot_random_seed=seed,
-        )
+        with lm_eval_without_noise():
+            return lm_eval.simple_evaluate(
+                model=lm,
+                tasks=list(suite["tasks"]),
+                limit=limit,
+                task_manager=manager,
+                bootstrap_iters=int(suite.get("bootstrap_iters", 0)),
+                log_samples=False,
+                random_seed=seed,
+                numpy_random_seed=seed,
+                torch_random_seed=seed,
+                fewshot_random_seed=seed,
+            )
     except Exception as exc:
         Path(metadata["tokenizer"]).unlink(missing_ok=True)  # the tasks' copy: a failed evaluation leaves no files
         if re.search(r"offline|connect|couldn't reach|hub", f"{type(exc).__name__} {exc}", re.IGNORECASE):

@@ -12,14 +12,15 @@ from typing import Any
 def table_config(name: str, scale: str = "cpu", root: Path | None = None) -> Any:
     """``reproduce_table.yaml`` with ``table=<name> scale=<scale>``, composed by Hydra (the table's
     ``/table_protocol`` defaults merged): the table and where its runs and results go. ``root``: a project whose
-    ``experiments/conf`` to read instead of the checkout's or the installed package's."""
+    ``experiments/conf`` to read instead of the checkout's or the installed package's (a directory with none, an
+    installed attnlab's working directory, reads those)."""
     from hydra import compose, initialize_config_dir
 
     import attnlab.resolvers  # noqa: F401  (the config's ${project_root:})
     from attnlab.configs import initialized
 
     overrides = [f"table={name}", f"scale={scale}"]
-    if root is None:
+    if root is None or not (root / "experiments" / "conf").is_dir():
         with initialized("experiments/conf", job_name="reproduce_table"):
             return compose(config_name="reproduce_table", overrides=overrides)
     from hydra.core.global_hydra import GlobalHydra

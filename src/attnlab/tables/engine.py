@@ -60,6 +60,17 @@ class TableInterrupted(Exception):
         return 128 + self.signal_number
 
 
+def cells_progress(done: int, starting: int, total: int, seconds: float) -> str:
+    """``cells 5-8 of 20, about 1 h 10 min left``: where a long table is, and its time left at the pace of the cells
+    trained so far in this run (none yet: no estimate; a cell another process trained counts as done)."""
+    where = f"cells {done + 1}-{done + starting} of {total}" if starting > 1 else f"cell {done + 1} of {total}"
+    if done == 0:
+        return where
+    minutes = round(seconds / done * (total - done) / 60)
+    left = f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
+    return f"{where}, about {left} left"
+
+
 def flattened(overrides: list[Any]) -> list[str]:
     """Overrides with the lists among them (at any depth) spliced in, in order."""
     return [o for item in overrides for o in (flattened(item) if isinstance(item, list) else [item])]
@@ -369,13 +380,20 @@ class Engine:
     def train(self, cells: list[Cell]) -> None:
         """Run each stage's pending cells; a failed sweep stops the table with the cells it left unfinished, a signal
         (to the engine or to a sweep) stops it at once (``TableInterrupted``)."""
+        to_train = [c for c in cells if not c.finished]
+        if to_train:
+            before = len(cells) - len(to_train)
+            log.info("%d of %d cells to train (%d finished before)", len(to_train), len(cells), before)
+        started = time.monotonic()
         for stage in self.stages():
             pending = [c for c in cells if c.stage == stage and not c.finished]
             for group in self.launch_groups(pending):
                 wait_while_trained_elsewhere(group)
                 for ready in self.launch_groups([c for c in group if not c.finished]):
                     command = self.sweep_command(ready)
-                    log.info("%s: %d cell(s): %s", stage, len(ready), " ".join(command[3:]))
+                    done = sum(c.finished for c in to_train)
+                    progress = cells_progress(done, len(ready), len(to_train), time.monotonic() - started)
+                    log.info("%s: %d cell(s) (%s): %s", stage, len(ready), progress, " ".join(command[3:]))
                     run_sweep(command, self.root)
                 wait_while_trained_elsewhere(
                     group

@@ -11,7 +11,17 @@ from typing import Any
 import pandas as pd
 from matplotlib.figure import Figure
 
-from attnlab.plots import EffectPanel, Panel, curves_figure, effects_figure, row_label, save, table_figure
+from attnlab.plots import (
+    EffectPanel,
+    Panel,
+    TradeoffPanel,
+    curves_figure,
+    effects_figure,
+    row_label,
+    save,
+    table_figure,
+    tradeoff_figure,
+)
 from attnlab.tables.collect import NO_PAPER_VALUE, variant_label
 from attnlab.tables.reports import COSTS_CSV
 from attnlab.tables.stats import IDENTICAL
@@ -24,6 +34,7 @@ METRIC_LABELS = {
     "val/loss": "validation loss (nats per token)",
 }
 EFFECTS_FIGURE = "effects.png"  # a table with ``effects_figure: true`` commits it beside its Markdown
+TRADEOFF_FIGURE = "tradeoff.png"  # a table with ``tradeoff_figure: {x, y}`` commits it beside its Markdown
 STANDIN_NOTE = "our columns are stand-ins on another dataset and model size: compare the pattern across variants"
 
 
@@ -109,6 +120,33 @@ class TableResults:
             caption += f"\n{self.scale} scale: {STANDIN_NOTE}"
         return effects_figure(panels, self.heading(f"each variant against {baseline}"), caption)
 
+    def tradeoff_figure(self) -> Figure | None:
+        """The table's ``tradeoff_figure`` (``x``: one column, ``y``: columns): per variant, each y column's mean
+        over seeds against x's, with their stds, one panel per y column that ran; None when none did."""
+        spec = self.table["tradeoff_figure"]
+        tidy = pd.read_csv(self.results / f"{self.table['name']}.csv").dropna(subset=["mean"])
+        units = {column["paper"]: column.get("unit", column["paper"]) for column in self.table["columns"]}
+        place = tidy[["stage", "row"]].drop_duplicates().iloc[0]  # one stage and row: the variants table's
+        here = tidy[(tidy["stage"] == place["stage"]) & (tidy["row"] == place["row"])]
+        x = here[here["column"] == spec["x"]].set_index("attention")[["mean", "std"]].set_axis(["x", "x_std"], axis=1)
+        panels = []
+        for column in spec["y"]:
+            y = here[here["column"] == column].set_index("attention")[["mean", "std"]].set_axis(["y", "y_std"], axis=1)
+            points = x.join(y, how="inner")
+            if points.empty:
+                continue
+            panels.append(TradeoffPanel(f"{column} ({units[column]})", points))
+        if not panels:
+            return None
+        fewest, most = int(here["seeds"].min()), int(here["seeds"].max())
+        seeds = str(most) if fewest == most else f"{fewest}-{most}"  # a partial table: some variants lack seeds
+        caption = f"{self.row(str(place['stage']), str(place['row']))}; mean over {seeds} seed(s) per point"
+        if self.scale != "paper":
+            caption += f"\n{self.scale} scale: {STANDIN_NOTE}"
+        baseline = self.table["baseline"]  # points carry the short names: 16 labels with the papers' crowd a panel
+        xlabel = f"{spec['x']} ({units[spec['x']]}), lower is better"
+        return tradeoff_figure(panels, xlabel, baseline, self.heading("what each variant buys and costs"), caption)
+
     def cost_panels(self, costs: pd.DataFrame) -> list[EffectPanel]:
         """Parameters added (% of the baseline's) and the training step's time against the baseline's (whiskers:
         the variant's quartiles over the timed rounds), from the ``costs`` report's record."""
@@ -189,3 +227,7 @@ def save_effects_figure(
     ``sizes`` (our model per paper row) is called only then: it composes a config per row."""
     if table.get("effects_figure"):
         save(TableResults(table, scale, results, sizes()).effects_figure(), results / EFFECTS_FIGURE)
+    if table.get("tradeoff_figure"):
+        figure = TableResults(table, scale, results, sizes()).tradeoff_figure()
+        if figure is not None:
+            save(figure, results / TRADEOFF_FIGURE)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import lightning as L
@@ -84,10 +85,24 @@ class TokenProgressBar(TQDMProgressBar):
         super().on_train_start(trainer, pl_module)
 
     def init_train_tqdm(self) -> Tqdm:
-        bar = super().init_train_tqdm()
-        bar.unit, bar.unit_scale = "tok", self.tokens_per_batch
-        return bar
+        """Lightning's training bar (its documented hook), counting tokens and keeping its name."""
+        return TrainingBar(
+            desc=self.train_description,
+            position=(2 * self.process_position),
+            disable=self.is_disabled,
+            leave=True,
+            dynamic_ncols=True,
+            file=sys.stdout,
+            smoothing=0,
+            bar_format=self.BAR_FORMAT,
+            unit="tok",
+            unit_scale=self.tokens_per_batch,
+        )
 
-    def on_train_epoch_start(self, trainer: L.Trainer, *args: Any) -> None:
-        super().on_train_epoch_start(trainer, *args)
-        self.train_progress_bar.set_description("Training")
+
+class TrainingBar(Tqdm):
+    """A bar that keeps its name: Lightning renames the training bar "Epoch <n>" (and draws it so) at each epoch start,
+    which a log file keeps even where a terminal overwrites it at once."""
+
+    def set_description(self, desc: str | None = None, refresh: bool = True) -> None:
+        return None

@@ -8,6 +8,7 @@ RNG states are not part of a checkpoint.
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from datetime import timedelta
@@ -102,6 +103,30 @@ class LastCheckpoint(ModelCheckpoint):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.save_last_now(trainer)
+        if trainer.is_global_zero:
+            self.share_with_best(trainer)
+
+    def share_with_best(self, trainer: L.Trainer) -> None:
+        """A run whose last validation is its best ends with the best checkpoint and ``last.ckpt`` of the same step:
+        the same weights and optimizer twice (64 MB each for model=tiny). The best's name then becomes a hard link to
+        ``last.ckpt`` (one file, both names; the next save of either replaces its own name, never the other's file).
+        Where links are not possible (another filesystem, object storage) both copies stay."""
+        last = Path(self.last_model_path) if self.last_model_path else None
+        if last is None or not last.is_file():
+            return
+        for callback in trainer.checkpoint_callbacks:
+            same_step = callback._last_global_step_saved == trainer.global_step
+            if callback is self or not same_step or not callback.best_k_models:
+                continue
+            saved_now = Path(max(callback.best_k_models, key=lambda path: Path(path).stat().st_mtime_ns))
+            if saved_now == last or not saved_now.is_file() or saved_now.stat().st_ino == last.stat().st_ino:
+                continue
+            link = saved_now.with_name(f".{saved_now.name}.link.tmp")  # (remove_partial_saves' pattern)
+            try:
+                os.link(last, link)
+                os.replace(link, saved_now)
+            except OSError:
+                link.unlink(missing_ok=True)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         from attnlab.training.guards import NonFiniteError, describe_last_checkpoint

@@ -244,7 +244,7 @@ def run(cfg: DictConfig, evaluate: Evaluation | None = None) -> dict[str, Any]:
         log_results(loggers, results)
         write_results(out / RESULTS_FILE, results)
         run_figure(out, results)  # loss_curves.png: the run's losses at a glance, as attnlab-compare draws a sweep's
-        announce(summary(results))  # the terminal's last words, also at the end of train.log
+        announce(summary(results, model_label(results["model"])))  # the last words, also at the end of train.log
     return results
 
 
@@ -297,14 +297,23 @@ def describe_model(model: GPT, attention: dict[str, Any]) -> str:
     )
 
 
-def summary(results: dict[str, Any]) -> str:
+def model_label(preset: str) -> str:
+    """The model preset with the command line's changes to it (``tiny (model.n_layer=2, model.n_embd=32)``): the
+    preset's name alone would misname a resized model."""
+    overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []
+    changed = [override.lstrip("+~") for override in overrides if override.lstrip("+~").startswith("model.")]
+    return f"{preset} ({', '.join(changed)})" if changed else preset
+
+
+def summary(results: dict[str, Any], model: str | None = None) -> str:
+    """The run's last words; ``model``: how to name it (``model_label``), by default its preset."""
     val_ppl = results["val_ppl"]
     ppl = f"{val_ppl:.1f}" if val_ppl is not None else "n/a"
     rate = f"{results['tokens_per_second'] or 0.0:,.0f} tokens/s"
     if results.get("train_loop_tokens_per_second"):  # runs recorded before it was measured print what they have
         rate += f" overall, {results['train_loop_tokens_per_second']:,.0f} in training steps"
     return (
-        f"\nattnlab: {results['model']} + attention={results['attention']}, {results['steps']} steps, "
+        f"\nattnlab: {model or results['model']} + attention={results['attention']}, {results['steps']} steps, "
         f"{results['run_tokens']:,} tokens in {results['train_seconds']:.0f} s ({rate})\n"
         f"  validation perplexity {ppl}  vs  unigram baseline {results['unigram_ppl']:.1f}\n"
         f"  outputs: {results['output_dir']}\n"
