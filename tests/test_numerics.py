@@ -115,3 +115,15 @@ def test_native_kernels_change_the_numbers_and_the_pin_fixes_them(tmp_path: Path
     assert len(pinned) == 40
     assert losses("pinned-mkl-avx2-only", MKL_ENABLE_INSTRUCTIONS="AVX2") == pinned
     assert losses("native", ATTNLAB_CPU_KERNELS="native") != pinned
+
+
+def test_a_runs_record_names_the_code_it_ran() -> None:
+    """results.json's commit (of this clone, ``+dirty`` with uncommitted changes) and package versions: what the
+    table's as-run lines (cells.jsonl) carry for each cell."""
+    import re
+
+    from attnlab.numerics import code_record
+
+    record = code_record()
+    assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", record["commit"]) and record["attnlab"]
+    assert record["packages"]["lightning"] and record["packages"]["hydra-core"]

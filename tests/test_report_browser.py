@@ -40,6 +40,10 @@ def test_the_report_renders_in_a_browser_with_every_table_and_figure(tmp_path: P
     dom = browse("--dump-dom", index.as_uri())
     links = {html.unescape(href) for href in re.findall(r'href="([^"]*)"', dom)}  # a crafted name arrives escaped
     assert {page.filename for page in pages} <= links
+    text = re.sub(r"<[^>]+>", " ", dom)
+    assert "experiments/results/" not in " ".join(re.findall(r"<td>([^<]*)</td>", dom))  # no path as a title
+    assert "(partial: 3 of 15 cells)" in text and "pipeline check: every number of ours is 0" in text
+    assert not re.search(r'class="verdict [^"]*">0<', dom)  # a count is coloured only when it is not 0
     assert {"table3", "table4", "outliers", "gating", "pruning"} <= {page.name for page in pages}
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     for page in pages:
@@ -49,6 +53,8 @@ def test_the_report_renders_in_a_browser_with_every_table_and_figure(tmp_path: P
         if page.name.startswith("<img") or page.name == "crafted":
             continue  # a crafted page: its escaped <img> is text, and it has no figures
         assert 'data-broken-images="0"' in dom, f"{page.filename}: a figure did not load"
+        if page.filename == "table4-cpu.html":
+            assert "A pipeline check: every number of ours in this table is 0" in dom
         assert "<h1>" in dom and ("<table" in dom or page.name in ("emergence", "bench"))
         assert len(re.findall(r"<img ", dom)) >= len(page.figures)
         if page.name in ("table3", "outliers") or page.filename == pages[0].filename:

@@ -7,6 +7,7 @@ engine tests; the W&B runs are read back from their ``.wandb`` files (tests/wand
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -21,6 +22,7 @@ import pytest
 from attnlab import tables
 from attnlab.errors import ConfigError
 from attnlab.tables import reproduce
+from attnlab.tables.as_run import read_cells
 from attnlab.tables.engine import Engine
 from attnlab.tables.stats import OPPOSITE, REPRODUCES, SMALLER, UNRESOLVED, decide, paired_test
 from tests.wandb_offline import wandb_runs
@@ -66,6 +68,39 @@ def test_smoke_table_end_to_end(smoke_run: dict) -> None:
     finetuned = sorted((smoke_run["settings"]["runs_dir"]).glob("*/.hydra/overrides.yaml"))
     starts = [p.read_text() for p in finetuned if "model.init_from" in p.read_text()]
     assert len(starts) == 2 and all("vanilla-s1" in s for s in starts)
+    lines = read_cells(results)  # each cell's as-run config, committed beside its records
+    assert list(lines) == [Path(run).name for run in runs["run"]]
+    for name, line in lines.items():
+        assert name.endswith(line["digest"]) and line["identity"]["seed"] == line["seed"] == 1
+        assert line["ran_with"]["commit"] and line["ran_with"]["device"] == "cpu x1" and line["ran_with"]["torch"]
+        assert line["identity"]["data"]["source"] and f"attention={line['attention']}" in line["overrides"]
+    starts = [o for line in lines.values() for o in line["overrides"] if o.startswith("model.init_from=")]
+    assert len(starts) == 2 and all("vanilla-s1" in o for o in starts)
+
+
+def test_a_new_machine_extends_the_table_from_its_committed_records(
+    smoke_run: dict, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No run directories (a fresh clone): the committed cells whose as-run identity is today's are finished, so the
+    table is written again without training or evaluating; a cell whose identity changed is named as stale first."""
+    import shutil
+
+    results = tmp_path / "results"
+    shutil.copytree(smoke_run["settings"]["results_dir"], results)
+    settings = {"root": ROOT, "runs_dir": tmp_path / "runs", "results_dir": results}
+    args = [a for a in smoke_run["settings"]["args"] if a.startswith("paths.")]
+    markdown = reproduce(smoke_table(), "smoke", **settings, args=args)
+    assert markdown == smoke_run["markdown"] and not (tmp_path / "runs").exists()
+    committed = (smoke_run["settings"]["results_dir"] / "cells.jsonl").read_text()
+    assert (results / "cells.jsonl").read_text() == committed
+    changed = [json.loads(line) for line in committed.splitlines()]
+    changed[-1]["identity"]["optim"]["lr"] = 1.0  # as if it had run with another learning rate
+    (results / "cells.jsonl").write_text("".join(json.dumps(line) + "\n" for line in changed))
+    with caplog.at_level(logging.WARNING, logger="attnlab.tables"):
+        partial = reproduce(smoke_table(), "smoke", **settings, args=args, partial=True)
+    assert "**Partial: 3 of 4 cells**" in partial and not (tmp_path / "runs").exists()
+    assert f"{changed[-1]['name']} (changed: optim.lr)" in caplog.text
+    assert "will be trained again" in caplog.text
 
 
 def test_smoke_sweep_logs_one_wandb_run_per_job(smoke_run: dict) -> None:
@@ -170,10 +205,19 @@ def test_gpu_scale_composes_and_asks_only_for_a_gpu(tmp_path: Path) -> None:
     one line says so."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
     command = [sys.executable, "experiments/reproduce_table.py", "table=outliers", "scale=gpu"]
-    done = subprocess.run([*command, f"runs_dir={tmp_path}/runs"], cwd=ROOT, env=env, capture_output=True, text=True)
+    places = [f"runs_dir={tmp_path}/runs", f"results_dir={tmp_path}/results"]  # no committed cells to take instead
+    done = subprocess.run([*command, *places], cwd=ROOT, env=env, capture_output=True, text=True)
     assert done.returncode != 0 and "Traceback" not in done.stderr and not (tmp_path / "runs").exists()
     last = done.stderr.strip().splitlines()[-1]
     assert last == "error: scale: gpu needs GPUs (torch sees none); run it on a GPU, or use SCALE=cpu"
+    import shutil
+
+    committed = ROOT / "experiments" / "results" / "outliers" / "gpu"
+    shutil.copytree(committed, tmp_path / "results")  # every cell's as-run line matches today's: nothing to train
+    done = subprocess.run([*command, *places], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode == 0 and not (tmp_path / "runs").exists(), done.stderr[-2000:]
+    for name in ("outliers.md", "outliers.csv", "effects.csv", "runs.csv", "cells.jsonl"):
+        assert (tmp_path / "results" / name).read_bytes() == (committed / name).read_bytes(), name
 
 
 def test_unknown_scale_is_one_line_error() -> None:
@@ -294,10 +338,14 @@ def test_report_site_on_the_smoke_table(smoke_run: dict, tmp_path: Path) -> None
     import pandas as pd
 
     runs = pd.read_csv(results / "table3" / "smoke" / "runs.csv")
-    for run in runs.itertuples():  # each cell links its config: the one it ran with (its directory is here)
+    for run in runs.itertuples():  # each cell links its config: the one it ran with, committed in cells.jsonl
         config = out / "configs" / "table3-smoke" / f"{Path(run.run).name}.yaml"
         assert f'href="configs/table3-smoke/{config.name}"' in page
-        assert config.read_text().startswith("# the config this cell ran with") and run.attention in config.read_text()
+        text = config.read_text()
+        assert text.startswith("# the config this cell ran with, from experiments/results/table3/smoke/cells.jsonl")
+        assert "commit:" in text and "recorded: when the cell finished" in text
+        assert f"attention: {run.attention}" in text
+    assert "(as run)" in page and "composed today" not in page
 
 
 def test_report_composes_configs_of_runs_not_here_and_never_overwrites_other_files(
@@ -311,6 +359,7 @@ def test_report_composes_configs_of_runs_not_here_and_never_overwrites_other_fil
 
     results = tmp_path / "results" / "table3" / "smoke"
     shutil.copytree(smoke_run["settings"]["results_dir"], results)
+    (results / "cells.jsonl").unlink()  # a table recorded before the engine committed as-run configs
     runs = pd.read_csv(results / "runs.csv")
     names = [f"outputs/runs/{Path(r).name}" for r in runs["run"]]  # directories not on this machine
     names[0] = "outputs/runs/renamed-since-0000000000"  # a cell whose identity changed after it ran

@@ -15,23 +15,27 @@ from omegaconf import DictConfig, OmegaConf
 from attnlab.digest import digest, start_identity
 
 # What decides a run's numbers; logger, paths, progress bar, experiment name and checkpoint to resume do not.
-IDENTITY_KEYS = ("model", "attention", "data", "optim", "seed", "train_tokens", "cell_salt")
+IDENTITY_KEYS = ("model", "attention", "data", "optim", "seed", "train_tokens", "cell_salt", "global_batch_tokens")
 TRAINER_KEYS = ("max_steps", "precision", "accumulate_grad_batches", "gradient_clip_val", "val_check_interval")
 NOT_IDENTITY = {"cache_dir", "num_workers"}
-# attention options added after cells were named, at the value that runs the rule those cells ran: dropped from the
-# identity at that value, so the cells keep their names (any other value names new cells). diff's subln_affine is
-# listed at false, the old rule: its new default (true, the reference's affine norm) names new cells, as it should.
-ATTENTION_OPTIONS_ADDED = {
-    "subln_affine": False,
-    "key_shift": False,
-    "value_shift": False,
-    "qk_norm": False,
-    "output_norm": False,
-    "output_gate": False,
-    "norm_eps": 1e-6,
-    "attend_current": False,
-    "gate_init": "every_gate",
-    "gate_bias": True,
+# Keys added after cells were named, each at the value that runs what those cells ran: dropped from the identity at
+# that value, so the cells keep their names (any other value names new cells). A key added to an identity group
+# belongs here with its old behaviour's value, or every committed cell gets a new name (tests/test_as_run.py holds
+# committed tables' names to today's configs). diff's subln_affine is listed at false, the old rule: its new default
+# (true, the reference's affine norm) names new cells, as it should.
+ADDED_SINCE = {
+    "attention.subln_affine": False,
+    "attention.key_shift": False,
+    "attention.value_shift": False,
+    "attention.qk_norm": False,
+    "attention.output_norm": False,
+    "attention.output_gate": False,
+    "attention.norm_eps": 1e-6,
+    "attention.attend_current": False,
+    "attention.gate_init": "every_gate",
+    "attention.gate_bias": True,
+    "data.document_mask": False,  # off, as before the key existed
+    "global_batch_tokens": None,  # unset: the batch is data.batch_size, as before the key existed
 }
 
 
@@ -47,14 +51,13 @@ def identity(root: DictConfig) -> dict[str, Any]:
     ident = {key: _resolved(root[key]) for key in IDENTITY_KEYS if key in root}
     if ident.get("model", {}).get("init_from"):
         ident["model"]["init_from"] = start_identity(str(ident["model"]["init_from"]))
-    attention = ident.get("attention", {})
-    for key, value in ATTENTION_OPTIONS_ADDED.items():
-        if key in attention and attention[key] == value:
-            del attention[key]
-    if not ident.get("data", {}).get("document_mask", True):  # off: cells named before the key existed keep names
-        del ident["data"]["document_mask"]
-    if root.get("global_batch_tokens") is not None:  # only when set: cells named before the key existed keep names
-        ident["global_batch_tokens"] = root.global_batch_tokens
+    for dotted, old_value in ADDED_SINCE.items():
+        *groups, key = dotted.split(".")
+        node = ident
+        for group in groups:
+            node = node.get(group) if isinstance(node, dict) else None
+        if isinstance(node, dict) and key in node and node[key] == old_value:
+            del node[key]
     data = ident.get("data", {})
     if data.get("source") in ("registry", "files") and not data.get("packed_dir"):  # text that moves under its name
         from attnlab.data.text_files import corpus_sha256  # here: resolvers register before any heavy import

@@ -75,4 +75,45 @@ def kernel_record() -> dict[str, object]:
         "mkl_branch": os.environ.get("MKL_CBWR", "auto"),
         "cpu_threads": torch.get_num_threads(),
         "cpu": cpu_identity(),
+        **code_record(),
     }
+
+
+PACKAGES = ("lightning", "hydra-core", "datasets", "tokenizers", "numpy")
+
+
+def code_record() -> dict[str, object]:
+    """The code a run ran: attnlab's version, the commit of its clone (``checkout_commit``) and the packages its
+    numbers depend on."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(package: str) -> str | None:
+        try:
+            return version(package)
+        except PackageNotFoundError:
+            return None
+
+    return {
+        "attnlab": installed("attnlab"),
+        "commit": checkout_commit(),
+        "packages": {p: installed(p) for p in PACKAGES},
+    }
+
+
+def checkout_commit() -> str | None:
+    """HEAD of the clone attnlab runs from, ``+dirty`` with uncommitted changes to tracked files; None when attnlab
+    is installed (its site-packages may sit inside some other repository) or git is missing."""
+    import subprocess
+
+    checkout = Path(__file__).resolve().parents[2]  # src/attnlab/numerics.py in a clone
+    if not (checkout / "pyproject.toml").is_file():
+        return None
+    git = ["git", "-C", str(checkout)]
+    try:
+        commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        changes = subprocess.run(
+            [*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return commit + ("+dirty" if changes.stdout.strip() else "")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import math
 import textwrap
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -300,11 +300,14 @@ def table_figure(
     variant_labels: Mapping[str, str] | None = None,
     caption: str = "",
     columns: int = 3,
+    unverified_rows: Collection[str] = (),
 ) -> Figure:
     """Ours beside the paper's, one panel per table column that ran, on one axis: our mean as a dot with ± 1 std
     over seeds, the paper's value (or its stated range) as a black diamond just below it. A log axis, said in its
     label, once ours and the paper's span ``LOG_SPAN``. ``block``: rows of a tidy table CSV (``row``, ``attention``,
-    ``column``, ``metric``, ``standin``, ``seeds``, ``mean``, ``std``, ``paper``, ``paper_low``, ``paper_high``)."""
+    ``column``, ``metric``, ``standin``, ``seeds``, ``mean``, ``std``, ``paper``, ``paper_low``, ``paper_high``).
+    ``unverified_rows``: paper rows whose numbers were not checked against the paper's text, drawn hollow. An axis
+    whose every value is at least 0 (an accuracy, a perplexity) does not reach below 0."""
     variant_labels = variant_labels or {}
     ran = block.dropna(subset=["mean"])
     names = list(dict.fromkeys(ran["column"]))
@@ -330,12 +333,21 @@ def table_figure(
                 if key not in paper.index:
                     continue
                 found = paper.loc[key]
+                face = "none" if key[0] in unverified_rows else PAPER_COLOUR
                 if not pd.isna(found["paper"]):
-                    ax.plot(found["paper"], y - 0.15, "D", color=PAPER_COLOUR, markersize=5)
+                    ax.plot(found["paper"], y - 0.15, "D", color=PAPER_COLOUR, markerfacecolor=face, markersize=5)
                     shown.append(float(found["paper"]))
                 elif not pd.isna(found["paper_low"]):
                     low, high = float(found["paper_low"]), float(found["paper_high"])
-                    ax.plot([low, high], [y - 0.15] * 2, color=PAPER_COLOUR, linewidth=2, marker="D", markersize=4)
+                    ax.plot(
+                        [low, high],
+                        [y - 0.15] * 2,
+                        color=PAPER_COLOUR,
+                        linewidth=2,
+                        marker="D",
+                        markerfacecolor=face,
+                        markersize=4,
+                    )
                     shown += [low, high]
             first = part.iloc[0]
             ax.set_title(f"{name} (ours: {first['metric']})")
@@ -343,6 +355,8 @@ def table_figure(
             if wants_log([v for v in shown if v > 0]) and min(shown) > 0:
                 ax.set_xscale("log")
                 ax.set_xlabel(ax.get_xlabel() + "\n(log scale: ours and the paper's differ by orders)")
+            elif shown and min(shown) >= 0:
+                ax.set_xlim(left=max(ax.get_xlim()[0], 0))
         for ax in axes[len(names) :]:
             ax.set_visible(False)
         labels = [
@@ -358,7 +372,11 @@ def table_figure(
             Line2D([], [], color=PALETTE[0], marker="o", linestyle="none"),
             Line2D([], [], color=PAPER_COLOUR, marker="D", linestyle="none"),
         ]
-        fig.legend(entries, [ours_label, "paper (a line: the range it states)"], loc="outside lower center", ncols=2)
+        names = [ours_label, "paper (a line: the range it states)"]
+        if set(unverified_rows) & {row for row, _ in categories}:
+            entries.append(Line2D([], [], color=PAPER_COLOUR, marker="D", markerfacecolor="none", linestyle="none"))
+            names.append(f"paper, quoted secondhand and not verified against its text ({', '.join(unverified_rows)})")
+        fig.legend(entries, names, loc="outside lower center", ncols=2)
         fig.suptitle(title + (f"\n{caption}" if caption else ""))
     return fig
 

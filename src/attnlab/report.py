@@ -54,7 +54,7 @@ ORDER = (
     "pruning",
 )
 ORDER += ("emergence", "bench")  # then any other results directory, by name
-COPIED = ("*.csv", "*.md", "*.png")
+COPIED = ("*.csv", "*.md", "*.png", "*.jsonl")  # cells.jsonl: each cell's as-run config
 RESULTS_LINK = re.compile(r'(src|href)="(experiments/results/[^"#]+)"')
 THRESHOLD = re.compile(r" \([<>]= \S+ needed; \d+ seed\(s\)\)")  # "(>= 50 needed; 3 seed(s))": the table states it
 PARTIAL = re.compile(r"\*\*Partial: ([^*]+)\*\*")
@@ -101,10 +101,25 @@ class Page:
     measured: list[str] = field(default_factory=list)  # each phenomenon's status with the baseline's numbers
     kept: list[str] = field(default_factory=list)  # the effects whose verdict survives Holm
     partial: str = ""  # "3 of 9 cells" for a table written with partial=true
+    pipeline_check: bool = False  # every number of ours is 0: the table shows the pipeline runs, not the paper's effect
 
     @property
     def filename(self) -> str:
         return f"{self.name}-{self.variant}.html"
+
+    @property
+    def verdict_counts(self) -> list[tuple[str, str, bool]]:
+        """The index's four Holm verdict counts as (verdict, shown, coloured): "-" in each where nothing was judged
+        (no effects, or none with a paper value), and a verdict's colour only on a count above 0."""
+        if not any(self.verdicts.values()):
+            return [(verdict, "-", False) for verdict in JUDGED]
+        return [(verdict, str(self.verdicts.get(verdict, 0)), self.verdicts.get(verdict, 0) > 0) for verdict in JUDGED]
+
+    @property
+    def status(self) -> str:
+        """What the index says beside the scale: a partial table's cells, a table that checks only the pipeline."""
+        parts = [f"partial: {self.partial}"] if self.partial else []
+        return "; ".join([*parts, *(["pipeline check: every number of ours is 0"] if self.pipeline_check else [])])
 
 
 def readings(results: Path) -> dict[str, str]:
@@ -215,16 +230,19 @@ def draw_engine_figures(page: Page, out: Path, root: Path) -> None:
 
 
 def cell_configs(page: Page, out: Path, root: Path) -> None:
-    """Each cell of ``runs.csv`` with its config: the one it ran with when its run directory is on this machine, else
-    the one the table config composes today (said in the file's first lines, with the name it gives the cell)."""
+    """Each cell of ``runs.csv`` with its config: the one it ran with, from the table's ``cells.jsonl`` (or its run
+    directory when that is on this machine); for a cell recorded before the engine committed as-run configs, the one
+    the table config composes today (said in the file's first lines, with the name it gives the cell)."""
     import pandas as pd
     from omegaconf import OmegaConf, open_dict
 
     from attnlab.errors import ConfigError
     from attnlab.tables import load_table
+    from attnlab.tables.as_run import AT_FINISH, CELLS_FILE, read_cells
     from attnlab.tables.engine import Engine
 
     runs = pd.read_csv(page.source / "runs.csv")
+    recorded = read_cells(page.source)
     try:
         engine = Engine(load_table(page.name, root), page.variant, root=root, runs_dir=root / "outputs" / "runs")
         cells = {(c.stage, c.row, c.attention, c.seed): c for c in engine.cells()}
@@ -234,12 +252,22 @@ def cell_configs(page: Page, out: Path, root: Path) -> None:
     target = out / "configs" / f"{page.name}-{page.variant}"
     target.mkdir(parents=True, exist_ok=True)
     source = f"experiments/conf/table/{page.name}.yaml, scale {page.variant}"
+    committed = f"experiments/results/{page.name}/{page.variant}/{CELLS_FILE}"
     for run in runs.itertuples():
         recorded_name = Path(str(run.run)).name
         run_dir = Path(str(run.run)) if Path(str(run.run)).is_absolute() else root / str(run.run)
         cell = cells.get((run.stage, run.row, run.attention, int(run.seed)))
         path = target / f"{recorded_name}.yaml"
-        if (run_dir / ".hydra" / "config.yaml").is_file():
+        renamed = cell is not None and cell.directory.name != recorded_name
+        if recorded_name in recorded:
+            line = recorded[recorded_name]
+            header = f"# the config this cell ran with, from {committed} (how the line was made: its recorded key)\n"
+            if renamed:
+                header += f"# stale: today's config names this cell {cell.directory.name} (a reproduction trains it)\n"
+            path.write_text(header + OmegaConf.to_yaml(OmegaConf.create(line)))
+            backfilled = line.get("recorded", AT_FINISH) != AT_FINISH
+            note = "as run" + (", backfilled" if backfilled else "") + (", stale today" if renamed else "")
+        elif (run_dir / ".hydra" / "config.yaml").is_file():
             header = f"# the config this cell ran with ({run.run}/.hydra/config.yaml)\n"
             path.write_text(header + (run_dir / ".hydra" / "config.yaml").read_text())
             note = "as run"
@@ -247,20 +275,25 @@ def cell_configs(page: Page, out: Path, root: Path) -> None:
             cfg = engine.compose(list(cell.overrides))
             with open_dict(cfg):
                 del cfg["hydra"]
-            header = f"# composed from {source} by today's code ({time.strftime('%Y-%m-%d')}): the run's directory is "
-            header += "not on this machine\n"
-            if cell.directory.name != recorded_name:
+            header = f"# composed from {source} by today's code ({time.strftime('%Y-%m-%d')}): the cell was recorded "
+            header += "before the engine committed each cell's as-run config, and its run directory is not here\n"
+            if renamed:
                 header += (
                     f"# today's config names this cell {cell.directory.name}, not {recorded_name}: something in its "
                     "identity changed since it ran (a default, or how a fine-tune's start is named)\n"
                 )
             path.write_text(header + OmegaConf.to_yaml(cfg))
-            note = "composed today" + ("" if cell.directory.name == recorded_name else ", named differently now")
+            note = "composed today" + (", named differently now" if renamed else "")
         else:
             path = None
             note = ""
         link = Link("config", f"configs/{page.name}-{page.variant}/{path.name}", note) if path else None
         page.runs.append(RunRow(run.stage, run.row, run.attention, int(run.seed), recorded_name, link))
+    if not page.configs_note and any(row.config and row.config.note.startswith("composed") for row in page.runs):
+        page.configs_note = (
+            'Configs marked "composed today" belong to cells recorded before the engine committed each cell\'s '
+            f"as-run config ({CELLS_FILE}): today's code composed them, and may have named the cell differently."
+        )
 
 
 def summarise(page: Page) -> None:
@@ -285,6 +318,9 @@ def summarise(page: Page) -> None:
         ]
     if (table := page.source / f"{page.name}.md").is_file() and (partial := PARTIAL.search(table.read_text())):
         page.partial = partial[1]
+    if (tidy := page.source / f"{page.name}.csv").is_file() and "mean" in (frame := pd.read_csv(tidy)):
+        means = frame["mean"].dropna()
+        page.pipeline_check = bool(len(means)) and bool((means == 0).all())
 
 
 def percent(value: float) -> str:
@@ -349,7 +385,7 @@ def fill(page: Page, out: Path, root: Path, reading: str, site_paths: dict[str, 
     text = "\n\n".join(path.read_text() for path in markdowns)
     if own.is_file() and text.startswith("# "):  # the table's own title is the page's
         page.title, _, text = text[2:].partition("\n")
-    page.title = page.title or f"{page.name}: experiments/results/{page.source.name}/"
+    page.title = page.title or results_title(page, markdowns)
     page.body = site_links(markdown_html(text), site_paths)
     page.reading = site_links(reading, site_paths) if reading else ""
     if table_config(page.name, root) and (page.source / "runs.csv").is_file():
@@ -362,6 +398,18 @@ def fill(page: Page, out: Path, root: Path, reading: str, site_paths: dict[str, 
         shutil.copy2(config, out / "configs" / f"{page.name}-{config.name}")
         page.files.append(Link(f"{config.name} (the protocol's config)", f"configs/{page.name}-{config.name}"))
     summarise(page)
+
+
+def results_title(page: Page, markdowns: list[Path]) -> str:
+    """A results directory with no table of its own (emergence, bench): its one report's heading, else what it
+    holds; never its path."""
+    headings = [text.partition("\n")[0][2:] for text in (p.read_text() for p in markdowns) if text.startswith("# ")]
+    where = page.name if page.variant == page.name else f"{page.name} ({page.variant})"
+    if len(headings) == 1:
+        return f"{where}: {headings[0]}"
+    if headings:
+        return f"{where}: {len(headings)} reports"
+    return f"{where}: curves and figures"
 
 
 def written_before(out: Path) -> set[str]:

@@ -3,6 +3,7 @@ table."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ def reproduce(
     from omegaconf import OmegaConf
 
     from attnlab.errors import ConfigError
+    from attnlab.tables.as_run import committed_cells, write_cells
     from attnlab.tables.collect import write
     from attnlab.tables.engine import Engine
     from attnlab.tables.figures import save_effects_figure
@@ -61,14 +63,30 @@ def reproduce(
 
         forced.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(forced, salt["salt"] + "\n")
-    cells = [cell for cell in grid if cell.finished] if partial else grid
+    # committed cells whose as-run config is today's are finished (a table with reports needs its cells' files)
+    reused, changed = committed_cells(grid, results_dir)
+    if table.get("reports"):
+        changed += [f"{name} (the table's reports need its run directory)" for name in reused]
+        reused = {}
+    if changed:
+        logging.getLogger(__name__).warning(
+            "%d committed cell(s) of %s at %s will be trained again: %s",
+            len(changed),
+            table.get("name"),
+            scale,
+            "; ".join(changed),
+        )
+    cells = [cell for cell in grid if cell.finished or cell.directory.name in reused] if partial else grid
     if not cells:
         raise ConfigError("partial", "no cell of this table has finished training yet: run it without partial")
-    if not all(cell.finished and engine.evaluated(cell) for cell in cells):
+    here = [cell for cell in cells if cell.directory.name not in reused]
+    if not all(cell.finished and engine.evaluated(cell) for cell in here):
         engine.check_requirements()  # cells trained and evaluated elsewhere (a GPU's, carried back) need nothing more
-    engine.train(cells)  # a partial table's cells are all trained already
-    records = engine.evaluate(cells)
-    status = missing_cells(records, grid)  # None once the table holds every cell
+    engine.train(here)  # a partial table's cells are all trained already
+    evaluated = iter(engine.evaluate(here))
+    records = [reused[c.directory.name] if c.directory.name in reused else next(evaluated) for c in cells]
+    lines = recorded_cells(engine, cells, reused, results_dir)
+    status = missing_cells(records, engine.keys())  # None once the table holds every cell
     project = next((c.wandb_project for c in cells if c.wandb_project), None)
     wandb_cfg = None  # logger=wandb cells: the finished table joins their runs' group (its run dir: runs_dir/wandb)
     if project is not None and status is None:
@@ -76,14 +94,41 @@ def reproduce(
     reports = [] if status else table.get("reports") or []  # a partial table has none yet
     sections = [REPORTS[name](engine, cells, results_dir) for name in reports]
     siblings = family_siblings(table, scale, results_dir)
-    curves = engine.trajectories(cells)
+    curves = engine.trajectories(here)
+    if reused and (results_dir / "curves.csv").is_file():
+        curves = committed_curves(curves, [c for c in cells if c.directory.name in reused], results_dir, cells)
     markdown = write(records, table, scale, results_dir, wandb_cfg, curves, sections, status, siblings)
+    write_cells(lines, results_dir)
     save_effects_figure(table, scale, results_dir, engine.row_sizes)
     if salt and status is None:
         forced.unlink(missing_ok=True)  # written whole: the next FORCE=1 starts afresh
     print(markdown)
     refresh_family(siblings, scale, results_dir, root)
     return markdown
+
+
+def recorded_cells(engine: Any, cells: list[Any], reused: dict[str, Any], results_dir: Path) -> list[dict[str, Any]]:
+    """The as-run line of each of ``cells``: the committed one of a cell taken from the records, else its own."""
+    from attnlab.tables.as_run import read_cells
+
+    committed = read_cells(results_dir) if reused else {}
+    fresh = iter(engine.as_run([c for c in cells if c.directory.name not in reused]))
+    return [committed[c.directory.name] if c.directory.name in reused else next(fresh) for c in cells]
+
+
+def committed_curves(curves: Any, reused: list[Any], results_dir: Path, cells: list[Any]) -> Any:
+    """The training curves of the cells trained here and, from the committed ``curves.csv``, of the ``reused``
+    ones, in the cells' order."""
+    import pandas as pd
+
+    key = ["stage", "row", "attention", "seed"]
+    committed = pd.read_csv(results_dir / "curves.csv")
+    wanted = pd.DataFrame([(c.stage, c.row, c.attention, c.seed) for c in reused], columns=key)
+    taken = committed.merge(wanted, on=key)
+    order = {(c.stage, c.row, c.attention, c.seed): index for index, c in enumerate(cells)}
+    both = pd.concat([frame for frame in (curves, taken) if len(frame)], ignore_index=True)
+    position = both[key].apply(lambda r: order[(r.stage, r.row, r.attention, int(r.seed))], axis=1)
+    return both.assign(_order=position).sort_values("_order", kind="stable").drop(columns="_order")
 
 
 def forced_salt(path: Path) -> dict[str, str]:
@@ -125,7 +170,7 @@ def render(
         raise ConfigError("render_only", f"no records to render: {runs} is missing (run the table first)")
     records = pd.read_csv(runs).to_dict("records")
     engine = Engine(table, scale, root=root, runs_dir=root / "outputs" / "runs") if root is not None else None
-    status = missing_cells(records, engine.cells()) if engine is not None else None
+    status = missing_cells(records, engine.keys()) if engine is not None else None
     reports = [] if status else table.get("reports") or []  # a partial table has none yet
     for name in reports:
         known = name in RENDERS and (name in SAYS_WHAT_IS_MISSING or (results_dir / RENDERS[name][0]).is_file())
@@ -172,14 +217,14 @@ def refresh_family(siblings: dict[str, Any], scale: str, results_dir: Path, root
         render(load_table(name), scale, results_dir=results_dir.parent.parent / name / scale, root=root, family=False)
 
 
-def missing_cells(records: list[dict[str, Any]], cells: list[Any]) -> str | None:
-    """The line a partial table opens with: how many of its cells it holds and which seeds of which variants it
-    lacks; None when it holds them all."""
+def missing_cells(records: list[dict[str, Any]], cells: list[tuple[str, str, str, int]]) -> str | None:
+    """The line a partial table opens with: how many of its ``cells`` (``Engine.keys``) it holds and which seeds of
+    which variants it lacks; None when it holds them all."""
     held = {(r["stage"], r["row"], r["attention"], int(r["seed"])) for r in records}
     lacking: dict[tuple[str, str, str], list[int]] = {}
-    for cell in cells:
-        if (cell.stage, cell.row, cell.attention, cell.seed) not in held:
-            lacking.setdefault((cell.stage, cell.row, cell.attention), []).append(cell.seed)
+    for stage, row, attention, seed in cells:
+        if (stage, row, attention, seed) not in held:
+            lacking.setdefault((stage, row, attention), []).append(seed)
     if not lacking:
         return None
     which = "; ".join(

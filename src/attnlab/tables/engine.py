@@ -28,7 +28,7 @@ from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from attnlab.cells import cell_name
+from attnlab.cells import cell_name, identity
 from attnlab.configs import config_files, initialized
 from attnlab.errors import ConfigError
 from attnlab.run_directory import LAST_CHECKPOINT, RESULTS_FILE, run_directory_in_use
@@ -125,6 +125,7 @@ class Cell:
     overrides: tuple[str, ...] = field(repr=False)
     cache_dir: str = field(repr=False)  # its data cache (corpus, tokenizer), which evaluation reuses
     wandb_project: str | None = None  # the W&B project its run logs to (``logger=wandb``), else None
+    identity: dict[str, Any] = field(default_factory=dict, repr=False, compare=False, hash=False)  # what it digests
 
     @property
     def finished(self) -> bool:
@@ -249,6 +250,17 @@ class Engine:
         start = cells[(source, row, self.table["baseline"], seed)]
         return [f"model.init_from={start.checkpoint}"]
 
+    def keys(self) -> list[tuple[str, str, str, int]]:
+        """Every cell's (stage, paper row, variant, seed) in ``cells``' order, without composing a config: what a
+        table rendered from its records needs to say which cells it lacks."""
+        return [
+            (stage, row, attention, seed)
+            for stage in self.stages()
+            for row in self.rows(stage)
+            for attention in self.variants(stage)
+            for seed in self.settings["seeds"]
+        ]
+
     def cells(self) -> list[Cell]:
         """Every cell of every stage, in stage order; composing them also validates the whole table's config."""
         cells: dict[tuple, Cell] = {}
@@ -280,6 +292,7 @@ class Engine:
                             tuple(overrides),
                             str(cfg.paths.cache_dir),
                             wandb.project if wandb else None,
+                            identity(cfg),
                         )
         return list(cells.values())
 
@@ -417,6 +430,23 @@ class Engine:
                 | {k: (trained.get("monitor") or {}).get(logged) for k, logged in MONITORED.items()}
             )
         return records
+
+    def as_run(self, cells: list[Cell]) -> list[dict[str, Any]]:
+        """Each finished cell's as-run line (``attnlab.tables.as_run``), with what its ``results.json`` says."""
+        import json
+
+        return [self.as_run_line(c, json.loads((c.directory / RESULTS_FILE).read_text())) for c in cells]
+
+    def as_run_line(self, cell: Cell, results: dict[str, Any], **how: str) -> dict[str, Any]:
+        """The cell's as-run line; its start checkpoint shown as in runs.csv (relative to the project)."""
+        from attnlab.tables.as_run import as_run
+
+        start = "model.init_from="
+        overrides = [
+            start + self.shown(Path(o.removeprefix(start))) if o.startswith(start) else o for o in cell.overrides
+        ]
+        key = {"stage": cell.stage, "row": cell.row, "attention": cell.attention, "seed": cell.seed}
+        return as_run(cell.directory.name, key, overrides, cell.identity, results, **how)
 
     def shown(self, path: Path) -> str:
         """``path`` relative to the repository when inside it (runs.csv is committed: no machine's checkout in it)."""

@@ -82,7 +82,8 @@ class TableResults:
                 caption += f"\n{self.scale} scale: {STANDIN_NOTE}"
             everything = tidy[(tidy["stage"] == stage) & tidy["column"].isin(block["column"])]
             title = self.heading(f"{stage}, ours vs the paper's")
-            figures[str(stage)] = table_figure(everything, title, labels, caption=caption)
+            unverified = self.table.get("paper_unverified") or []
+            figures[str(stage)] = table_figure(everything, title, labels, caption=caption, unverified_rows=unverified)
         return figures
 
     def effects_figure(self) -> Figure:

@@ -229,6 +229,7 @@ def run(cfg: DictConfig, evaluate: Evaluation | None = None) -> dict[str, Any]:
         "train_loop_tokens_per_second": training_steps_rate(trainer),
         "parameters": model.num_parameters(),
         **kernel_record(),
+        "device": f"{trainer.strategy.root_device.type} x{trainer.world_size}",
         "best_checkpoint": own_file(getattr(checkpoint, "best_model_path", None), out),
         "last_checkpoint": own_file(last_checkpoint_path(trainer), out),
         "output_dir": str(out),

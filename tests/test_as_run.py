@@ -1,0 +1,117 @@
+"""Every committed number traceable to its cell's config: committed tables follow from their records byte for byte,
+committed cells keep their names under today's configs, and the as-run lines (``cells.jsonl``) that let a table
+reuse or retrain a committed cell knowingly."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from attnlab.tables import load_table, render
+from attnlab.tables.as_run import as_run, committed_cells, read_cells, stale, write_cells
+from attnlab.tables.engine import Engine
+from tests.conftest import ROOT
+
+RESULTS = ROOT / "experiments" / "results"
+COMMITTED = sorted(
+    (runs.parent.parent.name, runs.parent.name)
+    for runs in RESULTS.glob("*/*/runs.csv")
+    if (ROOT / "experiments" / "conf" / "table" / f"{runs.parent.parent.name}.yaml").is_file()
+)
+
+
+@pytest.fixture(scope="module")
+def results_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The committed results, copied once: rendering writes into the copy (siblings are read from it too)."""
+    copy = tmp_path_factory.mktemp("results") / "results"
+    shutil.copytree(RESULTS, copy)
+    return copy
+
+
+@pytest.mark.parametrize(("name", "scale"), COMMITTED, ids=[f"{n}-{s}" for n, s in COMMITTED])
+def test_a_committed_table_renders_from_its_records_byte_for_byte(name: str, scale: str, results_copy: Path) -> None:
+    """``RENDER=1``: the Markdown and every CSV follow from the committed records alone (no training, no cells)."""
+    out = results_copy / name / scale
+    with contextlib.redirect_stdout(io.StringIO()):
+        render(load_table(name, ROOT), scale, results_dir=out, root=ROOT, family=False)
+    committed = [path for path in sorted((RESULTS / name / scale).iterdir()) if path.suffix in (".md", ".csv")]
+    assert committed
+    for path in committed:
+        assert (out / path.name).read_bytes() == path.read_bytes(), f"{name}/{scale}/{path.name} no longer follows"
+
+
+def test_committed_cells_keep_their_names_under_todays_config() -> None:
+    """Table 3 at cpu_long (a pretraining and the fine-tunes that start from it; its protocol has not changed since it
+    ran): today's configs name every committed cell as it was named, so its records stay a cache of those cells.
+    An option added to an identity group without its old value in ``cells.ADDED_SINCE`` fails here."""
+    engine = Engine(load_table("table3", ROOT), "cpu_long", root=ROOT, runs_dir=ROOT / "outputs" / "runs")
+    today = {(c.stage, c.row, c.attention, c.seed): c.directory.name for c in engine.cells()}
+    runs = pd.read_csv(RESULTS / "table3" / "cpu_long" / "runs.csv")
+    recorded = {(r.stage, r.row, r.attention, int(r.seed)): Path(r.run).name for r in runs.itertuples()}
+    assert len(recorded) == 12 and recorded == {key: today[key] for key in recorded}
+
+
+def test_a_name_does_not_depend_on_key_order_or_an_added_option_at_its_old_value() -> None:
+    from omegaconf import OmegaConf
+
+    from attnlab.cells import ADDED_SINCE, cell_name
+
+    base = {"model": {"name": "tiny", "n_layer": 2}, "attention": {"name": "vanilla", "heads": 4}, "seed": 1}
+    reordered = {"seed": 1, "attention": {"heads": 4, "name": "vanilla"}, "model": {"n_layer": 2, "name": "tiny"}}
+    assert cell_name(OmegaConf.create(base)) == cell_name(OmegaConf.create(reordered))
+    added = {**base, "attention": {**base["attention"], "qk_norm": ADDED_SINCE["attention.qk_norm"]}}
+    assert cell_name(OmegaConf.create(added)) == cell_name(OmegaConf.create(base))
+    changed = {**base, "attention": {**base["attention"], "qk_norm": True}}
+    assert cell_name(OmegaConf.create(changed)) != cell_name(OmegaConf.create(base))
+
+
+@dataclass
+class FakeCell:
+    stage: str
+    row: str
+    attention: str
+    seed: int
+    directory: Path
+    identity: dict = field(default_factory=dict)
+    finished: bool = False
+
+
+def test_a_committed_cell_with_todays_identity_is_reused_and_a_changed_one_is_named_stale(tmp_path: Path) -> None:
+    key = {"stage": "pretrain", "row": "R", "attention": "vanilla"}
+    identity = {"model": {"name": "tiny", "n_layer": 2}, "seed": 1}
+    results = {"commit": "abc+dirty", "torch": "2.13.0", "device": "cpu x1", "corpus_sha256": "f00", "steps": 60}
+    lines = [
+        as_run("tiny-vanilla-s1-aaaa", key | {"seed": 1}, ["model=tiny", "seed=1"], identity, results),
+        as_run("tiny-vanilla-s2-bbbb", key | {"seed": 2}, ["seed=2"], identity | {"seed": 2}, {}),
+    ]
+    assert lines[0]["ran_with"]["commit"] == "abc+dirty" and lines[0]["trained"]["corpus_sha256"] == "f00"
+    assert lines[1]["ran_with"]["commit"] is None  # a results.json from before the key: null, not guessed
+    write_cells(lines, tmp_path)
+    text = (tmp_path / "cells.jsonl").read_text()
+    write_cells(lines, tmp_path)
+    assert (tmp_path / "cells.jsonl").read_text() == text and read_cells(tmp_path)["tiny-vanilla-s1-aaaa"] == lines[0]
+    runs = [{**key, "seed": s, "run": f"outputs/runs/{n}", "ppl": 9.0} for s, n in ((1, "tiny-vanilla-s1-aaaa"),)]
+    runs.append({**key, "seed": 2, "run": "outputs/runs/tiny-vanilla-s2-bbbb", "ppl": 8.0})
+    runs.append({**key, "seed": 3, "run": "outputs/runs/tiny-vanilla-s3-cccc", "ppl": 7.0})  # no as-run line
+    runs.append({**key, "seed": 4, "run": "outputs/runs/tiny-vanilla-s4-ffff", "ppl": 6.0})  # no line, same name
+    pd.DataFrame(runs).to_csv(tmp_path / "runs.csv", index=False)
+    cells = [
+        FakeCell("pretrain", "R", "vanilla", 1, tmp_path / "tiny-vanilla-s1-aaaa", identity),
+        FakeCell("pretrain", "R", "vanilla", 2, tmp_path / "tiny-vanilla-s2-dddd", {**identity, "seed": 2, "x": 1}),
+        FakeCell("pretrain", "R", "vanilla", 3, tmp_path / "tiny-vanilla-s3-eeee", {**identity, "seed": 3}),
+        FakeCell("pretrain", "R", "vanilla", 4, tmp_path / "tiny-vanilla-s4-ffff", {**identity, "seed": 4}),
+    ]
+    reused, changed = committed_cells(cells, tmp_path)
+    assert list(reused) == ["tiny-vanilla-s1-aaaa"] and reused["tiny-vanilla-s1-aaaa"]["ppl"] == 9.0
+    assert changed == [
+        "tiny-vanilla-s2-bbbb is now tiny-vanilla-s2-dddd (changed: x)",
+        "tiny-vanilla-s3-cccc is now tiny-vanilla-s3-eeee (recorded before its as-run config was committed)",
+        "tiny-vanilla-s4-ffff (recorded before its as-run config was committed)",
+    ]
+    assert stale({"a": {"b": 1}}, {"a": {"b": 2}, "c": 3}) == ["a.b", "c"] and stale(identity, identity) == []
