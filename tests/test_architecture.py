@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("run set-up", {"config_checks", "validation", "cells", "resolvers", "model_card"}),
     ("training and evaluation", {"training", "eval"}),
     ("experiments", {"bench", "tables", "synthetic"}),
-    ("commands", {"cli", "api", "export", "generate", "__init__", "__main__"}),
+    ("commands", {"cli", "api", "export", "generate", "report", "__init__", "__main__"}),
 ]
 # Side by side in one layer, and never importing each other.
 INDEPENDENT = [("training", "eval")]
