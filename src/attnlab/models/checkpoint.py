@@ -15,11 +15,9 @@ import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from omegaconf import OmegaConf
-from tokenizers import Tokenizer
 from torch import Tensor
 
 from attnlab.digest import start_identity
@@ -28,6 +26,9 @@ from attnlab.hub import hf_tokenizer_path
 from attnlab.models.config import ModelConfig
 from attnlab.models.gpt import GPT
 from attnlab.models.sizes import check_against_weights
+
+if TYPE_CHECKING:  # (tokenizers and omegaconf on first use: the GPU bench builds models with torch alone)
+    from tokenizers import Tokenizer
 
 RECORD_KEY = "attnlab"
 RECORD_FORMAT = 1
@@ -42,6 +43,8 @@ def load_pretrained_tokenizer(name_or_path: str) -> Tokenizer:
 
     Directories and hub repos go through the checkpoint loader's lookup, which fails fast without network.
     """
+    from tokenizers import Tokenizer
+
     name_or_path = name_or_path.removeprefix("hf:")
     if name_or_path.endswith(".ckpt"):
         return load_checkpoint(name_or_path).tokenizer
@@ -80,6 +83,8 @@ class RunCheckpoint:
                 f"{self.path} predates checkpoints that carry their tokenizer and no tokenizer.json is in its run "
                 "directory; pass tokenizer=<path to tokenizer.json>",
             )
+        from tokenizers import Tokenizer
+
         try:
             return Tokenizer.from_str(self.tokenizer_json)
         except Exception as exc:  # tokenizers raises its own (Rust) error types for JSON that is not a tokenizer
@@ -163,6 +168,8 @@ def legacy_checkpoint(path: Path, raw: dict[str, Any], weights: dict[str, Tensor
     tokenizer_json = tokenizer_file.read_text() if tokenizer_file.is_file() else None
     if tokenizer_json is None and hparams["model"].get("tokenizer"):
         tokenizer_json = load_pretrained_tokenizer(hparams["model"]["tokenizer"]).to_str()
+    from omegaconf import OmegaConf
+
     config_file = run_dir / ".hydra" / "config.yaml"
     data = OmegaConf.load(config_file).get("data") if config_file.is_file() else None
     data = data_identity(OmegaConf.to_container(data)) if data is not None else {}
