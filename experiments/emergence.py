@@ -81,6 +81,12 @@ PANELS = {
         "sink_share",
         False,
     ),
+    "sinks/sink_epsilon": (
+        "attention sink: Gu et al.'s Sink^eps",
+        "share of heads (first-token attention > 0.3)",
+        "sink_epsilon",
+        False,
+    ),
     # near 0: each query reads one key; with a low first-token share that key is not the first (lr 6e-3's collapse)
     "sinks/attention_entropy_normalized": (
         "attention entropy (all layers, queries at positions >= 4)",

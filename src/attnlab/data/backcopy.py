@@ -79,9 +79,18 @@ def backcopy_sequences(
     return sequences
 
 
+SPECIAL_TOKENS = (BOS, BPE_EOS)  # before the characters in the word-level vocabulary
+
+
+def tokenizer_vocab_size(vocabulary: int) -> int:
+    """The word-level tokenizer's size for ``data.vocabulary`` characters: what a model trained on the task embeds
+    (the tables' model sizes read it, since ``data.tokenizer_vocab_size`` is the BPE's and unused here)."""
+    return vocabulary + len(SPECIAL_TOKENS)
+
+
 def word_level_tokenizer(names: list[str]) -> Tokenizer:
     """``<s>``, the end-of-text token (the analysis joins documents with it) and one word per character."""
-    vocab = {name: i for i, name in enumerate([BOS, BPE_EOS, *names])}
+    vocab = {name: i for i, name in enumerate([*SPECIAL_TOKENS, *names])}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=BPE_EOS))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return tokenizer

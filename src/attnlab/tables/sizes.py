@@ -33,4 +33,9 @@ def model_parts(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any], int | 
     softmax's context length is ``${data.block_size}``), and the data's tokenizer vocabulary: ``config_model``'s
     arguments."""
     model, attention = (OmegaConf.to_container(cfg[key], resolve=True) for key in ("model", "attention"))
-    return model, attention, (cfg.get("data") or {}).get("tokenizer_vocab_size")
+    from attnlab.data import backcopy  # (here: the datasets stack only where a table names the task)
+
+    data = cfg.get("data") or {}
+    if data.get("source") == backcopy.SOURCE:  # a word-level vocabulary of the task's characters, not a BPE
+        return model, attention, backcopy.tokenizer_vocab_size(data["vocabulary"])
+    return model, attention, data.get("tokenizer_vocab_size")
