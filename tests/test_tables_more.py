@@ -86,6 +86,13 @@ def test_the_sink_tables_share_their_synthetic_cells_and_only_they_have_that_sca
     assert "synthetic" not in load_table("outliers", ROOT)["scales"] | load_table("pruning", ROOT)["scales"]
 
 
+def test_a_synthetic_tables_model_size_counts_the_tasks_word_level_vocabulary() -> None:
+    """The figures name our model's real size: on Bigram-Backcopy it embeds 64 characters and 2 specials, not the
+    4096-token BPE that ``data.tokenizer_vocab_size`` names for text (58,432 parameters, as the cells recorded)."""
+    engine = Engine(load_table("gating", ROOT), "synthetic", root=ROOT, runs_dir=Path("/unused"))
+    assert engine.row_sizes() == {("pretrain", "repo plot"): ("tiny", 58_432)}
+
+
 @pytest.mark.parametrize("name", ABLATIONS + FROM_SCRATCH)
 def test_paper_scale_composes(name: str) -> None:
     """Every paper-scale cell composes (fine-tunes from the hub checkpoints, or pretrains GPT-2 on SlimPajama)."""
