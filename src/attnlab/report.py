@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import html
 import json
+import math
 import os
 import posixpath
 import re
@@ -296,6 +297,11 @@ def cell_configs(page: Page, out: Path, root: Path) -> None:
         )
 
 
+def paper_side(paper_pct: float) -> str:
+    """What a kept effect is set against: the paper's number, or a claim's direction where the paper gives none."""
+    return "a paper's claim, no number" if math.isnan(paper_pct) else f"paper {paper_pct:+.1f}%"
+
+
 def summarise(page: Page) -> None:
     """The index's line per page: the phenomenon checks and the Holm-corrected verdicts' counts."""
     import pandas as pd
@@ -312,7 +318,7 @@ def summarise(page: Page) -> None:
         several = varying(effects)
         page.kept = [
             f"{' '.join(str(getattr(e, key)) for key in several)} `{e.attention}` {e.column}: {percent(e.diff_pct)} "
-            f"(paper {e.paper_pct:+.1f}%), {getattr(e, column)}".lstrip()
+            f"({paper_side(e.paper_pct)}), {getattr(e, column)}".lstrip()
             for e in effects.itertuples()
             if getattr(e, column) in KEPT
         ]
