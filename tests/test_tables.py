@@ -6,6 +6,8 @@ engine tests; the W&B runs are read back from their ``.wandb`` files (tests/wand
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 import math
@@ -210,12 +212,27 @@ def test_gpu_scale_composes_and_asks_only_for_a_gpu(tmp_path: Path) -> None:
     assert done.returncode != 0 and "Traceback" not in done.stderr and not (tmp_path / "runs").exists()
     last = done.stderr.strip().splitlines()[-1]
     assert last == "error: scale: gpu needs GPUs (torch sees none); run it on a GPU, or use SCALE=cpu"
+
+
+def test_a_gpu_table_with_every_cell_recorded_is_written_again_on_a_cpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every committed cell's as-run line matches today's: nothing to train, so no GPU is asked for, and the table
+    comes out byte for byte. The corpus is the one the cells recorded (a fresh clone has none built, and a rebuilt
+    one can differ: Debian's packages move with stable's point releases)."""
     import shutil
 
+    import attnlab.data.registry
+
     committed = ROOT / "experiments" / "results" / "outliers" / "gpu"
-    shutil.copytree(committed, tmp_path / "results")  # every cell's as-run line matches today's: nothing to train
-    done = subprocess.run([*command, *places], cwd=ROOT, env=env, capture_output=True, text=True)
-    assert done.returncode == 0 and not (tmp_path / "runs").exists(), done.stderr[-2000:]
+    lines = (committed / "cells.jsonl").read_text().splitlines()
+    (fingerprint,) = {json.loads(line)["identity"]["data"]["corpus_sha256"] for line in lines}
+    monkeypatch.setattr(attnlab.data.registry, "corpus_fingerprint", lambda cache_dir: fingerprint)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    shutil.copytree(committed, tmp_path / "results")
+    with contextlib.redirect_stdout(io.StringIO()):
+        reproduce("outliers", "gpu", root=ROOT, runs_dir=tmp_path / "runs", results_dir=tmp_path / "results")
+    assert not (tmp_path / "runs").exists()
     for name in ("outliers.md", "outliers.csv", "effects.csv", "runs.csv", "cells.jsonl"):
         assert (tmp_path / "results" / name).read_bytes() == (committed / name).read_bytes(), name
 
