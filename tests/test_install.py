@@ -79,7 +79,10 @@ def test_the_installed_tool_trains_evaluates_and_lists_tables_from_an_empty_dire
     assert not (site / "outputs").exists() and not (site / "attnlab" / "outputs").exists()
 
     listed = run("attnlab-table", "--help")
-    assert "table: gating, outliers, pruning, table3" in listed and "table_protocol: cpu_long, from_scratch" in listed
+    assert (
+        "table: gating, outliers, pruning, table3" in listed
+        and "table_protocol: bigram_backcopy, cpu_long, from_scratch" in listed
+    )
     assert "model: gpt2" in run("attnlab-train", "--help")
 
     # attnlab-report: the committed table3 as a table's results in this directory, its pages from the package's
