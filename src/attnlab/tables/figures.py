@@ -223,11 +223,13 @@ class TableResults:
 def save_effects_figure(
     table: dict[str, Any], scale: str, results: Path, sizes: Callable[[], dict[tuple[str, str], tuple[str, int]]]
 ) -> None:
-    """A table with ``effects_figure: true`` draws ``effects.png`` beside its Markdown whenever it is written;
-    ``sizes`` (our model per paper row) is called only then: it composes a config per row."""
+    """A table with ``effects_figure: true`` draws ``effects.png``, one with ``tradeoff_figure`` ``tradeoff.png``,
+    beside its Markdown whenever it is written; ``sizes`` (our model per paper row) is called only then, and once: it
+    composes a config per row."""
+    if not (table.get("effects_figure") or table.get("tradeoff_figure")):
+        return
+    drawn = TableResults(table, scale, results, sizes())
     if table.get("effects_figure"):
-        save(TableResults(table, scale, results, sizes()).effects_figure(), results / EFFECTS_FIGURE)
-    if table.get("tradeoff_figure"):
-        figure = TableResults(table, scale, results, sizes()).tradeoff_figure()
-        if figure is not None:
-            save(figure, results / TRADEOFF_FIGURE)
+        save(drawn.effects_figure(), results / EFFECTS_FIGURE)
+    if table.get("tradeoff_figure") and (tradeoff := drawn.tradeoff_figure()) is not None:
+        save(tradeoff, results / TRADEOFF_FIGURE)
