@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 23 on one GPU (an H100, no network): tables at their `gpu` scale, cells side by side, results to $OUT.
 # Installs .whl/ (experiments/device_wheels.sh) into /tmp/site where the machine lacks Hydra and the rest; the
-# data travel under .cache/attnlab (the device tool's carry: ".whl", ".cache/attnlab/corpus/registry_text-v2.jsonl.zst"
+# data travel under .cache/attnlab (the device tool's carry: ".whl", ".cache/attnlab/corpus/registry_text-v3.jsonl.zst"
 # and ".cache/attnlab/tokenizers"; the gpu scale trains on registry_text, see below).
 # Each table runs under its own time limit; a table cut short keeps its finished cells (outputs/runs) and says so.
 # $OUT gets a log per table, the tables' results (experiments/results/<table>/<scale>/) and every cell's logged
@@ -10,7 +10,7 @@
 # Usage: OUT=/dir TABLES="outliers gating" LIMIT=270 bash experiments/gpu_tables.sh
 #   (the device tool gives one command 600 s: keep LIMIT x tables under it, or make one call per table; while the
 #   machine stays warm, the cells a call finished are cached and the next call with the same tables continues)
-#   registry_text: `zstd -12 .cache/attnlab/corpus/registry_text-v2.jsonl` here and carry the .zst (25 MB) with the
+#   registry_text: `zstd -12 .cache/attnlab/corpus/registry_text-v3.jsonl` here and carry the .zst (25 MB) with the
 #   tokenizers trained on it here (.cache/attnlab/tokenizers, 1 MB): the first cell packs the corpus there, the
 #   evaluations read its held-out documents. Cells another table already ran there travel as their records (carry
 #   outputs/runs/<cell>: its results.json, eval/ and csv/, ~0.3 MB, no checkpoints): the engine skips a cell with a

