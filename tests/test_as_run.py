@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from attnlab.tables import load_table, render
-from attnlab.tables.as_run import as_run, committed_cells, read_cells, stale, write_cells
+from attnlab.tables.as_run import as_run, committed_cells, read_cells, shared_cells, stale, write_cells
 from attnlab.tables.engine import Engine
 from tests.conftest import ROOT
 
@@ -123,3 +123,82 @@ def test_a_committed_cell_with_todays_identity_is_reused_and_a_changed_one_is_na
         "tiny-vanilla-s4-ffff (recorded before its as-run config was committed)",
     ]
     assert stale({"a": {"b": 1}}, {"a": {"b": 2}, "c": 3}) == ["a.b", "c"] and stale(identity, identity) == []
+
+
+def test_a_cell_another_table_committed_at_the_scale_is_shared_under_this_tables_row(tmp_path: Path) -> None:
+    """The same cell (name and as-run identity) evaluated the same way is one cell, whichever table committed it: it is
+    taken with this table's stage and row, never trained twice; a changed identity, another evaluation, a cell
+    finished here or this table's own records are not taken from elsewhere."""
+    identity = {"model": {"name": "tiny"}, "seed": 1}
+    other = tmp_path / "outliers" / "cpu_long"
+    other.mkdir(parents=True)
+    names = ["tiny-vanilla-s1-aaaa", "tiny-vanilla-s2-bbbb", "tiny-vanilla-s3-cccc"]
+    key = {"stage": "pretrain", "row": "OPT-125m", "attention": "vanilla"}
+    records = [key | {"seed": seed, "run": f"outputs/runs/{n}", "ppl": 9.0 + seed} for seed, n in enumerate(names, 1)]
+    pd.DataFrame(records).to_csv(other / "runs.csv", index=False)
+    write_cells(
+        [
+            as_run(Path(r["run"]).name, key | {"seed": r["seed"]}, [], identity | {"seed": r["seed"]}, {})
+            for r in records
+        ],
+        other,
+    )
+    (tmp_path / "pruning" / "cpu_long").mkdir(parents=True)  # evaluated otherwise: never read
+    shutil.copy(other / "runs.csv", tmp_path / "pruning" / "cpu_long" / "runs.csv")
+    mine = tmp_path / "variants" / "cpu_long"
+    cells = [
+        FakeCell("pretrain", "from scratch", "vanilla", 1, tmp_path / names[0], identity),
+        FakeCell("pretrain", "from scratch", "vanilla", 2, tmp_path / names[1], {**identity, "seed": 2, "x": 1}),
+        FakeCell("pretrain", "from scratch", "vanilla", 3, tmp_path / names[2], {**identity, "seed": 3}, finished=True),
+    ]
+    asked: list[str] = []
+
+    def same_evaluation(table: str) -> bool:
+        asked.append(table)
+        return table == "outliers"
+
+    shared = shared_cells(cells, mine, same_evaluation)
+    assert list(shared) == [names[0]] and asked == ["outliers", "pruning"]
+    taken = shared[names[0]]
+    assert taken.record == records[0] | {"row": "from scratch"} and taken.line["row"] == "from scratch"
+    assert taken.source == other and taken.source_key == ("pretrain", "OPT-125m", "vanilla", 1)
+    assert shared_cells(cells, other, lambda table: True) == {}  # a table's own records are committed_cells'
+
+
+@pytest.mark.usefixtures("registry_corpus")
+def test_a_partial_table_takes_another_tables_committed_cells_without_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The variants table at cpu_long on a machine with no run directories: vanilla's three cells, which the outliers
+    table committed under its row OPT-125m, make its partial table (with their as-run lines and curves) and nothing
+    trains. The corpus fingerprint is the one those cells recorded."""
+    import attnlab.data.registry
+    from attnlab.tables import reproduce
+
+    lines = (RESULTS / "outliers" / "cpu_long" / "cells.jsonl").read_text().splitlines()
+    (fingerprint,) = {json.loads(line)["identity"]["data"]["corpus_sha256"] for line in lines}
+    monkeypatch.setattr(attnlab.data.registry, "corpus_fingerprint", lambda cache_dir: fingerprint)
+    results = tmp_path / "results"
+    shutil.copytree(RESULTS / "outliers" / "cpu_long", results / "outliers" / "cpu_long")
+    monkeypatch.setattr("attnlab.tables.engine.run_sweep", lambda *a: pytest.fail("trained a shared cell"))
+    markdown = reproduce(
+        "variants",
+        "cpu_long",
+        root=ROOT,
+        runs_dir=tmp_path / "runs",
+        results_dir=results / "variants" / "cpu_long",
+        partial=True,
+    )
+    assert "**Partial: 3 of 30 cells**" in markdown
+    runs = pd.read_csv(results / "variants" / "cpu_long" / "runs.csv")
+    committed = pd.read_csv(RESULTS / "outliers" / "cpu_long" / "runs.csv")
+    assert runs["row"].unique().tolist() == ["from scratch"]
+    assert runs["perplexity"].tolist() == committed["perplexity"].tolist()
+    assert [json.loads(line)["digest"] for line in lines] == [
+        line["digest"] for line in read_cells(results / "variants" / "cpu_long").values()
+    ]
+    curves = pd.read_csv(results / "variants" / "cpu_long" / "curves.csv")
+    assert not (results / "variants" / "cpu_long" / "effects.png").exists()  # no variant paired with vanilla yet
+    assert set(curves["row"]) == {"from scratch"} and len(curves) == len(
+        pd.read_csv(RESULTS / "outliers" / "cpu_long" / "curves.csv")
+    )

@@ -8,6 +8,8 @@ import re
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -131,3 +133,63 @@ def test_a_joblib_worker_killed_fails_its_own_job_only(tmp_path: Path, data_cach
     assert finished == ["0", "2"]
     assert "TerminatedWorkerError" not in output and not list(swept.glob(".started-*"))
     assert "validated against ConfigStore schema" not in output  # our joblib.yaml matches the plugin's on purpose
+
+
+def test_a_joblib_sweep_stopped_by_sigterm_saves_every_job_in_flight_and_leaves_no_worker(
+    tmp_path: Path, data_cache: Path
+) -> None:
+    """Hydra's joblib launcher died at SIGTERM and left its workers training, orphaned (a resumed sweep then trained
+    the same cells twice). Now: both jobs in flight save their last.ckpt, the third never starts, the exit status is
+    143 as in one process, and no worker outlives the sweep."""
+    swept = tmp_path / "sweep"
+    overrides = [*MICRO_MODEL, *MICRO_DATA, "trainer=cpu", "callbacks.progress_bar.refresh_rate=0"]
+    overrides += ["trainer.max_steps=4000", "callbacks.last_checkpoint.every_n_train_steps=4"]
+    overrides += ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
+    command = [sys.executable, "train.py", "-m", "seed=1,2,3", *overrides, "ckpt_path=${resume_ckpt:}"]
+    command += [f"paths.cache_dir={data_cache}", f"hydra.sweep.dir={swept}"]
+    process = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=UNBUFFERED
+    )
+    seen: list[str] = []
+    both_saved = threading.Event()
+
+    def read() -> None:  # a reader of its own: an orphaned worker would hold the pipe open for its whole training
+        for line in process.stdout:
+            seen.append(line)
+            if sum("Saved step 4 " in line for line in seen) == 2:
+                both_saved.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert both_saved.wait(timeout=300), "".join(seen)[-3000:]
+    workers = subprocess.run(["pgrep", "-P", str(process.pid)], capture_output=True, text=True).stdout.split()
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=120)
+        alive = []
+        for pid in map(int, workers):  # the workers (and loky's resource tracker) end with the sweep
+            for _ in range(50):
+                if not pid_exists(pid):
+                    break
+                time.sleep(0.2)
+            else:
+                alive.append(pid)
+    finally:
+        for pid in map(int, workers):
+            if pid_exists(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert len(workers) >= 2 and alive == [], f"workers {alive} outlived the sweep"
+    reader.join(timeout=30)
+    output = "".join(seen)
+    assert process.returncode == 143, output[-3000:]
+    assert "Stopped by SIGTERM" in output and "the sweep stops here" in output and "Traceback" not in output
+    assert sorted(p.parts[-3].split("_")[0] for p in swept.glob("*/checkpoints/last.ckpt")) == ["0", "1"]
+    assert not list(swept.glob("2_*")) and not list(swept.glob(".started-*"))
+
+
+def pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

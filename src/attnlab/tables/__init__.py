@@ -37,11 +37,11 @@ def reproduce(
     from omegaconf import OmegaConf
 
     from attnlab.errors import ConfigError
-    from attnlab.tables.as_run import committed_cells, write_cells
+    from attnlab.tables.as_run import committed_cells, shared_cells, write_cells
     from attnlab.tables.collect import write
     from attnlab.tables.engine import Engine
     from attnlab.tables.figures import save_effects_figure
-    from attnlab.tables.reports import REPORTS
+    from attnlab.tables.reports import READS_CELL_FILES, REPORTS
 
     if isinstance(table, str):
         cfg = table_config(table, scale)
@@ -63,11 +63,28 @@ def reproduce(
 
         forced.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(forced, salt["salt"] + "\n")
-    # committed cells whose as-run config is today's are finished (a table with reports needs its cells' files)
+    # committed cells whose as-run config is today's are finished, this table's own and those another table shares
+    # (unless a report reads the cells' files, which only their run directories hold)
     reused, changed = committed_cells(grid, results_dir)
-    if table.get("reports"):
-        changed += [f"{name} (the table's reports need its run directory)" for name in reused]
+    reads_files = [name for name in table.get("reports") or [] if name in READS_CELL_FILES]
+    if reads_files:
+        changed += [f"{name} (the table's {', '.join(reads_files)} report reads its run directory)" for name in reused]
         reused = {}
+    shared = (
+        {}
+        if reads_files
+        else shared_cells(
+            [cell for cell in grid if cell.directory.name not in reused], results_dir, engine.same_evaluation
+        )
+    )
+    if shared:
+        logging.getLogger(__name__).info(
+            "%d cell(s) taken from other tables' records at %s: %s",
+            len(shared),
+            scale,
+            ", ".join(f"{name} ({cell.source.parent.name})" for name, cell in shared.items()),
+        )
+    changed = [line for line in changed if not any(name in line for name in shared)]  # another table has it
     if changed:
         logging.getLogger(__name__).warning(
             "%d committed cell(s) of %s at %s will be trained again: %s",
@@ -76,16 +93,17 @@ def reproduce(
             scale,
             "; ".join(changed),
         )
-    cells = [cell for cell in grid if cell.finished or cell.directory.name in reused] if partial else grid
+    taken = reused | {name: cell.record for name, cell in shared.items()}
+    cells = [cell for cell in grid if cell.finished or cell.directory.name in taken] if partial else grid
     if not cells:
         raise ConfigError("partial", "no cell of this table has finished training yet: run it without partial")
-    here = [cell for cell in cells if cell.directory.name not in reused]
+    here = [cell for cell in cells if cell.directory.name not in taken]
     if not all(cell.finished and engine.evaluated(cell) for cell in here):
         engine.check_requirements()  # cells trained and evaluated elsewhere (a GPU's, carried back) need nothing more
     engine.train(here)  # a partial table's cells are all trained already
     evaluated = iter(engine.evaluate(here))
-    records = [reused[c.directory.name] if c.directory.name in reused else next(evaluated) for c in cells]
-    lines = recorded_cells(engine, cells, reused, results_dir)
+    records = [taken[c.directory.name] if c.directory.name in taken else next(evaluated) for c in cells]
+    lines = recorded_cells(engine, cells, reused, shared, results_dir)
     status = missing_cells(records, engine.keys())  # None once the table holds every cell
     project = next((c.wandb_project for c in cells if c.wandb_project), None)
     wandb_cfg = None  # logger=wandb cells: the finished table joins their runs' group (its run dir: runs_dir/wandb)
@@ -97,6 +115,8 @@ def reproduce(
     curves = engine.trajectories(here)
     if reused and (results_dir / "curves.csv").is_file():
         curves = committed_curves(curves, [c for c in cells if c.directory.name in reused], results_dir, cells)
+    if shared:
+        curves = shared_curves(curves, shared, cells)
     markdown = write(records, table, scale, results_dir, wandb_cfg, curves, sections, status, siblings)
     write_cells(lines, results_dir)
     save_effects_figure(table, scale, results_dir, engine.row_sizes)
@@ -107,13 +127,17 @@ def reproduce(
     return markdown
 
 
-def recorded_cells(engine: Any, cells: list[Any], reused: dict[str, Any], results_dir: Path) -> list[dict[str, Any]]:
-    """The as-run line of each of ``cells``: the committed one of a cell taken from the records, else its own."""
+def recorded_cells(
+    engine: Any, cells: list[Any], reused: dict[str, Any], shared: dict[str, Any], results_dir: Path
+) -> list[dict[str, Any]]:
+    """The as-run line of each of ``cells``: the committed one of a cell taken from this table's records, the other
+    table's of a shared cell (``as_run.SharedCell``), else its own."""
     from attnlab.tables.as_run import read_cells
 
     committed = read_cells(results_dir) if reused else {}
-    fresh = iter(engine.as_run([c for c in cells if c.directory.name not in reused]))
-    return [committed[c.directory.name] if c.directory.name in reused else next(fresh) for c in cells]
+    committed |= {name: cell.line for name, cell in shared.items()}
+    fresh = iter(engine.as_run([c for c in cells if c.directory.name not in committed]))
+    return [committed[c.directory.name] if c.directory.name in committed else next(fresh) for c in cells]
 
 
 def committed_curves(curves: Any, reused: list[Any], results_dir: Path, cells: list[Any]) -> Any:
@@ -124,11 +148,39 @@ def committed_curves(curves: Any, reused: list[Any], results_dir: Path, cells: l
     key = ["stage", "row", "attention", "seed"]
     committed = pd.read_csv(results_dir / "curves.csv")
     wanted = pd.DataFrame([(c.stage, c.row, c.attention, c.seed) for c in reused], columns=key)
-    taken = committed.merge(wanted, on=key)
+    return in_cells_order([curves, committed.merge(wanted, on=key)], cells)
+
+
+def in_cells_order(frames: list[Any], cells: list[Any]) -> Any:
+    """Curves frames concatenated, their rows in the order of the cells they belong to (stable within a cell)."""
+    import pandas as pd
+
     order = {(c.stage, c.row, c.attention, c.seed): index for index, c in enumerate(cells)}
-    both = pd.concat([frame for frame in (curves, taken) if len(frame)], ignore_index=True)
-    position = both[key].apply(lambda r: order[(r.stage, r.row, r.attention, int(r.seed))], axis=1)
+    both = pd.concat([frame for frame in frames if len(frame)], ignore_index=True)
+    position = both[["stage", "row", "attention", "seed"]].apply(
+        lambda r: order[(r.stage, r.row, r.attention, int(r.seed))], axis=1
+    )
     return both.assign(_order=position).sort_values("_order", kind="stable").drop(columns="_order")
+
+
+def shared_curves(curves: Any, shared: dict[str, Any], cells: list[Any]) -> Any:
+    """``curves`` with the training curves of the ``shared`` cells (``as_run.SharedCell``) from the tables that
+    committed them, keyed as this table keys those cells, in the cells' order."""
+    import pandas as pd
+
+    frames = [curves]
+    for source in dict.fromkeys(cell.source for cell in shared.values()):
+        path = source / "curves.csv"
+        if not path.is_file():
+            continue
+        committed = pd.read_csv(path)
+        for cell in (c for c in shared.values() if c.source == source):
+            stage, row, attention, seed = cell.source_key
+            mine = (committed.stage == stage) & (committed.row == row) & (committed.attention == attention)
+            frames.append(
+                committed[mine & (committed.seed == seed)].assign(stage=cell.record["stage"], row=cell.record["row"])
+            )
+    return in_cells_order(frames, cells) if any(len(frame) for frame in frames) else curves
 
 
 def forced_salt(path: Path) -> dict[str, str]:

@@ -10,7 +10,8 @@ cell, finished: a new machine renders or extends the table from it without train
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -98,3 +99,42 @@ def committed_cells(cells: list[Any], results_dir: Path) -> tuple[dict[str, dict
             why = f"changed: {', '.join(differs)}" if differs else "recorded before its as-run config was committed"
             changed.append(f"{name}{f' is now {cell.directory.name}' if renamed else ''} ({why})")
     return reused, changed
+
+
+@dataclass(frozen=True)
+class SharedCell:
+    """A cell of this table that another table committed at the same scale, keyed as this table keys it."""
+
+    record: dict[str, Any]  # its runs.csv line, with this table's stage and row
+    line: dict[str, Any]  # its as-run line, likewise
+    source: Path  # the results directory that committed it (``<results>/<table>/<scale>``)
+    source_key: tuple[str, str, str, int]  # (stage, row, attention, seed) there: its curves' key in that table
+
+
+def shared_cells(cells: list[Any], results_dir: Path, same_evaluation: Callable[[str], bool]) -> dict[str, SharedCell]:
+    """The unfinished ``cells`` that other tables committed at this scale (``<results>/*/<scale>/``): the same name
+    and as-run identity (everything that decides the cell's numbers) and the same evaluation (``same_evaluation`` of
+    the other table's name), so a cell the outliers table trained is the variants table's too, on a machine that
+    never had its run directory. Tables name their rows differently (``OPT-125m``, ``from scratch``): a shared cell
+    is matched by its name and re-keyed to this table's stage and row."""
+    import pandas as pd
+
+    wanted = {cell.directory.name: cell for cell in cells if not cell.finished}
+    found: dict[str, SharedCell] = {}
+    for runs in sorted(results_dir.parent.parent.glob(f"*/{results_dir.name}/runs.csv")):
+        source = runs.parent
+        if source.resolve() == results_dir.resolve():
+            continue
+        records = {Path(str(r["run"])).name: r for r in pd.read_csv(runs).to_dict("records")}
+        hits = [name for name in records if name in wanted and name not in found]
+        if not hits or not same_evaluation(source.parent.name):
+            continue
+        lines = read_cells(source)
+        for name in hits:
+            cell, line, record = wanted[name], lines.get(name), records[name]
+            if line is None or stale(line["identity"], cell.identity):
+                continue
+            key = {"stage": cell.stage, "row": cell.row}
+            source_key = (record["stage"], record["row"], record["attention"], int(record["seed"]))
+            found[name] = SharedCell(record | key, line | key, source, source_key)
+    return found

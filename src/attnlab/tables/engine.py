@@ -452,6 +452,19 @@ class Engine:
         """``path`` relative to the repository when inside it (runs.csv is committed: no machine's checkout in it)."""
         return str(path.relative_to(self.root)) if path.is_relative_to(self.root) else str(path)
 
+    def same_evaluation(self, table_name: str) -> bool:
+        """Whether ``table_name`` evaluates its cells at this scale as this table does (suite, overrides, limit): its
+        committed record of a cell the two share is then this table's record of it."""
+        from hydra.errors import MissingConfigException
+
+        from attnlab.tables.definitions import load_table
+
+        try:
+            other = load_table(table_name, root=self.root)
+        except MissingConfigException:  # results of a table whose config is gone
+            return False
+        return (other["scales"].get(self.scale) or {}).get("eval") == self.settings["eval"]
+
     def evaluated(self, cell: Cell) -> bool:
         """Whether the cell's evaluation on this scale's suite is cached and current (not from before the headline
         metrics it must hold)."""

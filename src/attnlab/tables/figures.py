@@ -86,11 +86,14 @@ class TableResults:
             figures[str(stage)] = table_figure(everything, title, labels, caption=caption, unverified_rows=unverified)
         return figures
 
-    def effects_figure(self) -> Figure:
+    def effects_figure(self) -> Figure | None:
         """Every variant against the baseline in one figure: per column that ran (and per stage and row, when the
         table has several), the paired difference in the column's ``unit`` with its 95% interval (``effects.csv``);
-        and the ``costs`` report's parameters added and step time when the table has it (``costs.csv``)."""
-        effects = pd.read_csv(self.results / "effects.csv")
+        and the ``costs`` report's parameters added and step time when the table has it (``costs.csv``). None while
+        no variant has a cell paired with the baseline's (a partial table of the baseline alone)."""
+        effects = pd.read_csv(self.results / "effects.csv").dropna(subset=["seeds"])
+        if effects.empty:
+            return None
         tidy = pd.read_csv(self.results / f"{self.table['name']}.csv")
         baseline = self.table["baseline"]
         means = tidy[tidy["attention"] == baseline].set_index(["stage", "row", "column"])["mean"]
@@ -229,7 +232,7 @@ def save_effects_figure(
     if not (table.get("effects_figure") or table.get("tradeoff_figure")):
         return
     drawn = TableResults(table, scale, results, sizes())
-    if table.get("effects_figure"):
-        save(drawn.effects_figure(), results / EFFECTS_FIGURE)
+    if table.get("effects_figure") and (effects := drawn.effects_figure()) is not None:
+        save(effects, results / EFFECTS_FIGURE)
     if table.get("tradeoff_figure") and (tradeoff := drawn.tradeoff_figure()) is not None:
         save(tradeoff, results / TRADEOFF_FIGURE)

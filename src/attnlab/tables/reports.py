@@ -276,4 +276,5 @@ RENDERS: dict[str, tuple[str, Render]] = {  # report -> the CSV it is rendered f
     "pruning": (PRUNING_CSV, render_pruning),
     "costs": (COSTS_CSV, render_costs),
 }
+READS_CELL_FILES = {"pruning"}  # reports that read the cells' run directories (costs composes their configs only)
 SAYS_WHAT_IS_MISSING = {"pruning"}  # reports whose render names the cells its CSV lacks, so the CSV may be absent
