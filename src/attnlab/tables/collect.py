@@ -438,7 +438,8 @@ def to_markdown(
             lines += ["", f"Raw verdicts: {verdict_counts(effect['verdict'])}"]
             lines += ["", f"After Holm over {effect['family'].iloc[0]}: {verdict_counts(effect['verdict_holm'])}"]
         lines += seeds_markdown(effect) if has_paper else []
-    lines += claims_markdown(effect, table)
+    training = (table["scales"][scale].get("variants") or table["variants"]) if status else []
+    lines += claims_markdown(effect, table, training)
     return "\n".join(lines) + "\n"
 
 
@@ -548,8 +549,9 @@ def seeds_markdown(effect: pd.DataFrame) -> list[str]:
     ]
 
 
-def claims_markdown(effect: pd.DataFrame, table: dict[str, Any]) -> list[str]:
-    """The papers' stated directions (``claims``), each with our paired difference and its verdicts."""
+def claims_markdown(effect: pd.DataFrame, table: dict[str, Any], training: Sequence[str] = ()) -> list[str]:
+    """The papers' stated directions (``claims``), each with our paired difference and its verdicts; ``training``:
+    the variants a partial table still waits for (their claims say so, not that the scale leaves them out)."""
     stated = claims(table)
     if not stated:
         return []
@@ -559,7 +561,8 @@ def claims_markdown(effect: pd.DataFrame, table: dict[str, Any]) -> list[str]:
         said = {"variant": variant_label(table, variant), "column": column, "paper": claim["direction"]}
         said |= {"what it says": claim["says"], "source": claim["source"]}
         if not len(found):
-            rows.append(said | {"ours": "not run at this scale", "ours %": "-", "verdict": "-", "verdict (Holm)": "-"})
+            ours = "no paired cells yet" if variant in training else "not run at this scale"
+            rows.append(said | {"ours": ours, "ours %": "-", "verdict": "-", "verdict (Holm)": "-"})
         for result in found.itertuples(index=False):
             rows.append(
                 said
