@@ -12,17 +12,18 @@
 #   machine stays warm, the cells a call finished are cached and the next call with the same tables continues)
 #   registry_text: `zstd -12 .cache/attnlab/corpus/registry_text-v3.jsonl` here and carry the .zst (25 MB) with the
 #   tokenizers trained on it here (.cache/attnlab/tokenizers, 1 MB): the first cell packs the corpus there, the
-#   evaluations read its held-out documents. Cells another table already ran there travel as their records (carry
-#   outputs/runs/<cell>: its results.json, eval/ and csv/, ~0.3 MB, no checkpoints): the engine skips a cell with a
-#   results.json and reads its cached evaluation.
+#   evaluations read its held-out documents. Cells another table committed at the scale (experiments/results/
+#   <table>/<scale>/: runs.csv and cells.jsonl, part of the checkout) are taken from those records, not trained again;
+#   cells run there but not committed yet travel as their records (carry outputs/runs/<cell>: its results.json, eval/
+#   and csv/, ~0.3 MB, no checkpoints): the engine skips a cell with a results.json and reads its cached evaluation.
 #   SCALE (default gpu), ARGS (train.py overrides for every cell), JOBS (cells at once, default 9), LIMIT (seconds per
 #   table, default 480), PYTHON.
-# The variants table where the outliers live (issue 46), one H100: carry the outliers table's gpu cells (vanilla,
-#   clipped_softmax, gated) and the gating table's gated_sdpa cells as records, as above, so 21 cells train:
+# The variants table where the outliers live (issue 46), one H100: 12 of its 30 cells are the outliers and gating
+#   tables' committed gpu cells (vanilla, clipped_softmax, gated, gated_sdpa), taken from their records, so 18 train:
 #   OUT=/dir TABLES=variants JOBS=16 LIMIT=540 bash experiments/gpu_tables.sh   (twice: the second call continues
-#   each cell from its last.ckpt, every 500 steps). Estimated, not yet measured: 21 cells x 16.4M tokens = 344M
-#   tokens; the gating run's 6 cells side by side made ~350k tokens/s together (58k each), so ~16 min of training if
-#   16 processes keep that rate, in two calls of 9 min plus ~1 min of analyses. Before switching to bf16-mixed or
+#   each cell from its last.ckpt, every 500 steps). Estimated, not yet measured: 18 cells x 16.4M tokens = 295M
+#   tokens; the gating run's 6 cells side by side made ~350k tokens/s together (58k each), so ~14 min of training if
+#   16 processes keep that rate, in two calls of 9 min with ~1 min of analyses. Before switching to bf16-mixed or
 #   compile to fit one call, check vanilla's kurtosis and W8A8 gap against the fp32 cells (issue 46).
 # Or a train.py sweep instead of tables, its runs in outputs/sweep/ (resumed there while the machine stays warm), cut
 # at LIMIT (each run keeps its last periodic checkpoint), its curves archived every 30 s, e.g. the sink search (README,
