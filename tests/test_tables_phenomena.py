@@ -381,3 +381,26 @@ def test_a_bad_claim_is_one_line_naming_its_key(change: dict, key: str) -> None:
     table = OURS | {"claims": [OURS["claims"][0] | change]}
     with pytest.raises(ConfigError, match=rf"^table\.claims\[0\]\.{key}: one of "):
         effects(records([4.0, 4.5, 4.1], 0.5), table, "cpu")
+
+
+def test_a_claim_without_a_paired_difference_says_why() -> None:
+    """A claim on a column the baseline's cells never measured (cells shared from a table that predates the metric)
+    says so, not that the variant did not run; a variant a partial table still trains has no paired cells yet; one
+    the scale leaves out is not run at this scale."""
+    data = with_derived(records([4.0, 4.5, 4.1], w8a8_gap=0.5))
+    for record in data:
+        if record["attention"] == "vanilla":
+            record["w8a8_perplexity"] = float("nan")
+    table = OURS | {"scales": {"cpu": {"variants": ["vanilla", "a", "b", "c"]}}}
+    done = to_markdown(summarise(data, table, "cpu"), effects(data, table, "cpu"), table, "cpu", None)
+    partial = to_markdown(summarise(data, table, "cpu"), effects(data, table, "cpu"), table, "cpu", None, "partial")
+
+    def ours(markdown: str, says: str) -> str:
+        (line,) = [line for line in markdown[markdown.index("## The papers' claims") :].splitlines() if says in line]
+        return [c.strip() for c in line.split("|")][6]
+
+    assert ours(done, "a quantises worse") == ours(partial, "a quantises worse") == "not measured on vanilla"
+    assert ours(done, "a is better").startswith("-1.02 [")
+    assert (
+        ours(done, "c is better") == "not run at this scale" and ours(partial, "c is better") == "no paired cells yet"
+    )

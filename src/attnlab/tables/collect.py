@@ -6,7 +6,7 @@ same seed), a 95% t-interval and one of four verdicts, raw and corrected over th
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -439,7 +439,7 @@ def to_markdown(
             lines += ["", f"After Holm over {effect['family'].iloc[0]}: {verdict_counts(effect['verdict_holm'])}"]
         lines += seeds_markdown(effect) if has_paper else []
     training = (table["scales"][scale].get("variants") or table["variants"]) if status else []
-    lines += claims_markdown(effect, table, training)
+    lines += claims_markdown(effect, table, lambda variant, column: unpaired(summary, table, variant, column, training))
     return "\n".join(lines) + "\n"
 
 
@@ -549,9 +549,21 @@ def seeds_markdown(effect: pd.DataFrame) -> list[str]:
     ]
 
 
-def claims_markdown(effect: pd.DataFrame, table: dict[str, Any], training: Sequence[str] = ()) -> list[str]:
-    """The papers' stated directions (``claims``), each with our paired difference and its verdicts; ``training``:
-    the variants a partial table still waits for (their claims say so, not that the scale leaves them out)."""
+def unpaired(summary: pd.DataFrame, table: dict[str, Any], variant: str, column: str, training: Sequence[str]) -> str:
+    """Why a claim has no paired difference: the variant has no cells (yet, in a partial table still ``training``
+    it; or not at this scale), or one side never measured the column (a cell shared from a table that predates it)."""
+    if variant not in set(summary["attention"]):
+        return "no paired cells yet" if variant in training else "not run at this scale"
+    for side in (table["baseline"], variant):
+        values = summary[(summary["attention"] == side) & (summary["column"] == column)]["mean"]
+        if not values.notna().any():
+            return f"not measured on {side}"
+    return "no seed measured on both"
+
+
+def claims_markdown(effect: pd.DataFrame, table: dict[str, Any], why_unpaired: Callable[[str, str], str]) -> list[str]:
+    """The papers' stated directions (``claims``), each with our paired difference and its verdicts, or why it has
+    none (``why_unpaired(variant, column)``)."""
     stated = claims(table)
     if not stated:
         return []
@@ -561,7 +573,7 @@ def claims_markdown(effect: pd.DataFrame, table: dict[str, Any], training: Seque
         said = {"variant": variant_label(table, variant), "column": column, "paper": claim["direction"]}
         said |= {"what it says": claim["says"], "source": claim["source"]}
         if not len(found):
-            ours = "no paired cells yet" if variant in training else "not run at this scale"
+            ours = why_unpaired(variant, column)
             rows.append(said | {"ours": ours, "ours %": "-", "verdict": "-", "verdict (Holm)": "-"})
         for result in found.itertuples(index=False):
             rows.append(
