@@ -439,7 +439,10 @@ def to_markdown(
             lines += ["", f"After Holm over {effect['family'].iloc[0]}: {verdict_counts(effect['verdict_holm'])}"]
         lines += seeds_markdown(effect) if has_paper else []
     training = (table["scales"][scale].get("variants") or table["variants"]) if status else []
-    lines += claims_markdown(effect, table, lambda variant, column: unpaired(summary, table, variant, column, training))
+    here = {column["paper"] for column in ran}
+    lines += claims_markdown(
+        effect, table, lambda variant, column: unpaired(summary, table, variant, column, training, here)
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -549,9 +552,14 @@ def seeds_markdown(effect: pd.DataFrame) -> list[str]:
     ]
 
 
-def unpaired(summary: pd.DataFrame, table: dict[str, Any], variant: str, column: str, training: Sequence[str]) -> str:
-    """Why a claim has no paired difference: the variant has no cells (yet, in a partial table still ``training``
-    it; or not at this scale), or one side never measured the column (a cell shared from a table that predates it)."""
+def unpaired(
+    summary: pd.DataFrame, table: dict[str, Any], variant: str, column: str, training: Sequence[str], here: set[str]
+) -> str:
+    """Why a claim has no paired difference: the scale measures no stand-in for the column (not in ``here``), the
+    variant has no cells (yet, in a partial table still ``training`` it; or not at this scale), or one side never
+    measured the column (a cell shared from a table that predates it)."""
+    if column not in here:
+        return "not measured at this scale"
     if variant not in set(summary["attention"]):
         return "no paired cells yet" if variant in training else "not run at this scale"
     for side in (table["baseline"], variant):
