@@ -391,7 +391,7 @@ def test_a_claim_without_a_paired_difference_says_why() -> None:
     for record in data:
         if record["attention"] == "vanilla":
             record["w8a8_perplexity"] = float("nan")
-    table = OURS | {"scales": {"cpu": {"variants": ["vanilla", "a", "b", "c"]}}}
+    table = OURS | {"stages": {"pretrain": {}}, "scales": {"cpu": {"variants": ["vanilla", "a", "b", "c"]}}}
     done = to_markdown(summarise(data, table, "cpu"), effects(data, table, "cpu"), table, "cpu", None)
     partial = to_markdown(summarise(data, table, "cpu"), effects(data, table, "cpu"), table, "cpu", None, "partial")
 

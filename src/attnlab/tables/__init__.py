@@ -68,7 +68,9 @@ def reproduce(
     reused, changed = committed_cells(grid, results_dir)
     reads_files = [name for name in table.get("reports") or [] if name in READS_CELL_FILES]
     if reads_files:
-        changed += [f"{name} (the table's {', '.join(reads_files)} report reads its run directory)" for name in reused]
+        changed |= {
+            name: f"{name} (the table's {', '.join(reads_files)} report reads its run directory)" for name in reused
+        }
         reused = {}
     shared = (
         {}
@@ -84,14 +86,14 @@ def reproduce(
             scale,
             ", ".join(f"{name} ({cell.source.parent.name})" for name, cell in shared.items()),
         )
-    changed = [line for line in changed if not any(name in line for name in shared)]  # another table has it
+    changed = {name: line for name, line in changed.items() if name not in shared}  # another table has it
     if changed:
         logging.getLogger(__name__).warning(
             "%d committed cell(s) of %s at %s will be trained again: %s",
             len(changed),
             table.get("name"),
             scale,
-            "; ".join(changed),
+            "; ".join(changed.values()),
         )
     taken = reused | {name: cell.record for name, cell in shared.items()}
     cells = [cell for cell in grid if cell.finished or cell.directory.name in taken] if partial else grid

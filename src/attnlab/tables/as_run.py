@@ -72,19 +72,20 @@ def stale(recorded: dict[str, Any], identity: dict[str, Any]) -> list[str]:
     return sorted(key for key in before.keys() | now.keys() if before.get(key) != now.get(key))
 
 
-def committed_cells(cells: list[Any], results_dir: Path) -> tuple[dict[str, dict[str, Any]], list[str]]:
+def committed_cells(cells: list[Any], results_dir: Path) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """The committed records (``runs.csv`` lines, run name -> record) of ``cells`` not trained here whose as-run
     identity is today's (finished: neither trained nor evaluated again), and a line per other committed cell (it will
-    be trained again): its new name where today's config names it differently (stale), and what changed where its
-    as-run line says, or that it has none."""
+    be trained again), keyed by today's name of the cell: its new name where today's config names it differently
+    (stale), and what changed where its as-run line says, or that it has none."""
     import pandas as pd
 
     runs = results_dir / "runs.csv"
     if not runs.is_file():
-        return {}, []
+        return {}, {}
     records = {Path(str(r["run"])).name: r for r in pd.read_csv(runs).to_dict("records")}
     recorded = read_cells(results_dir)
-    reused, changed = {}, []
+    reused: dict[str, dict[str, Any]] = {}
+    changed: dict[str, str] = {}
     today = {(c.stage, c.row, c.attention, c.seed): c for c in cells}
     for name, record in records.items():
         cell = today.get((record["stage"], record["row"], record["attention"], int(record["seed"])))
@@ -97,7 +98,7 @@ def committed_cells(cells: list[Any], results_dir: Path) -> tuple[dict[str, dict
             reused[name] = record
         else:
             why = f"changed: {', '.join(differs)}" if differs else "recorded before its as-run config was committed"
-            changed.append(f"{name}{f' is now {cell.directory.name}' if renamed else ''} ({why})")
+            changed[cell.directory.name] = f"{name}{f' is now {cell.directory.name}' if renamed else ''} ({why})"
     return reused, changed
 
 

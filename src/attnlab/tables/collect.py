@@ -15,6 +15,7 @@ from scipy import stats
 
 from attnlab.errors import ConfigError
 from attnlab.files import write_atomic
+from attnlab.tables.definitions import stage_variants
 from attnlab.tables.stats import (
     IDENTICAL,
     PERMUTATION_SEEDS,
@@ -438,7 +439,7 @@ def to_markdown(
             lines += ["", f"Raw verdicts: {verdict_counts(effect['verdict'])}"]
             lines += ["", f"After Holm over {effect['family'].iloc[0]}: {verdict_counts(effect['verdict_holm'])}"]
         lines += seeds_markdown(effect) if has_paper else []
-    training = (table["scales"][scale].get("variants") or table["variants"]) if status else []
+    training = {v for stage in table["stages"] for v in stage_variants(table, scale, stage)} if status else set()
     here = {column["paper"] for column in ran}
     lines += claims_markdown(
         effect, table, lambda variant, column: unpaired(summary, table, variant, column, training, here)
@@ -553,7 +554,7 @@ def seeds_markdown(effect: pd.DataFrame) -> list[str]:
 
 
 def unpaired(
-    summary: pd.DataFrame, table: dict[str, Any], variant: str, column: str, training: Sequence[str], here: set[str]
+    summary: pd.DataFrame, table: dict[str, Any], variant: str, column: str, training: set[str], here: set[str]
 ) -> str:
     """Why a claim has no paired difference: the scale measures no stand-in for the column (not in ``here``), the
     variant has no cells (yet, in a partial table still ``training`` it; or not at this scale), or one side never

@@ -32,3 +32,16 @@ def load_table(name: str, root: Path | None = None) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
     return OmegaConf.to_container(table_config(name, root=root).table, resolve=True)
+
+
+def stage_variants(table: dict[str, Any], scale: str, stage: str) -> list[str]:
+    """The variants a stage trains at a scale: the scale's for the stage (``stage_variants``: table3's cpu_long
+    fine-tunes every variant from a vanilla pretraining it shares), else the stage's own (table4 pretrains only the
+    baseline), else the scale's, else the table's."""
+    settings = table["scales"][scale]
+    return (
+        (settings.get("stage_variants") or {}).get(stage)
+        or (table["stages"][stage] or {}).get("variants")
+        or settings.get("variants")
+        or table["variants"]
+    )

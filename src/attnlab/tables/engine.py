@@ -32,6 +32,7 @@ from attnlab.cells import cell_name, identity
 from attnlab.configs import config_files, initialized
 from attnlab.errors import ConfigError
 from attnlab.run_directory import LAST_CHECKPOINT, RESULTS_FILE, run_directory_in_use
+from attnlab.tables.definitions import load_table, stage_variants
 from attnlab.tables.sizes import config_parameters, model_parts
 from attnlab.validation import validate_train_config
 
@@ -199,15 +200,8 @@ class Engine:
         return list(self.settings.get("stages") or self.table["stages"])
 
     def variants(self, stage: str) -> list[str]:
-        """The scale's variants for the stage (``stage_variants``: table3's cpu_long fine-tunes every variant from a
-        vanilla pretraining it shares), else the stage's own (table4 pretrains only the baseline), else the scale's,
-        else the table's."""
-        return (
-            (self.settings.get("stage_variants") or {}).get(stage)
-            or (self.table["stages"][stage] or {}).get("variants")
-            or self.settings.get("variants")
-            or self.table["variants"]
-        )
+        """The stage's variants at this scale (``definitions.stage_variants``)."""
+        return stage_variants(self.table, self.scale, stage)
 
     def rows(self, stage: str) -> dict[str, str]:
         """Paper row -> model for the stage: the scale's rows, and ``stage_rows`` that only one stage has (the paper
@@ -456,8 +450,6 @@ class Engine:
         """Whether ``table_name`` evaluates its cells at this scale as this table does (suite, overrides, limit): its
         committed record of a cell the two share is then this table's record of it."""
         from hydra.errors import MissingConfigException
-
-        from attnlab.tables.definitions import load_table
 
         try:
             other = load_table(table_name, root=self.root)
