@@ -177,6 +177,10 @@ class Engine:
             if stage not in self.table["stages"] or not set(variants) <= set(self.table["variants"]):
                 key = f"table.scales.{self.scale}.stage_variants.{stage}"
                 raise ConfigError(key, f"a stage of {stages} with variants among {known}")
+        order = self.settings.get("train_order") or []
+        if not isinstance(order, list) or len(set(order)) < len(order) or not set(order) <= set(self.table["variants"]):
+            known = ", ".join(self.table["variants"])
+            raise ConfigError(f"table.scales.{self.scale}.train_order", f"a list of distinct variants among {known}")
         from attnlab.tables.reports import CHECKS, REPORTS
 
         for report in self.table.get("reports") or []:
@@ -315,23 +319,28 @@ class Engine:
 
     def launch_groups(self, pending: list[Cell]) -> list[list[Cell]]:
         """Pending cells as Hydra sweeps (attention x seed products): one per model (and per variant with overrides
-        of its own), or per model and seed when the cells have different starting checkpoints or do not form a
-        product."""
-        groups: dict[tuple, list[Cell]] = {}
-        for cell in pending:
+        of its own; per seed too when the cells have different starting checkpoints), cut only where the next
+        variant lacks other seeds (a half-trained table), so every sweep is a product and few sweeps leave a
+        launcher's workers idle at their end. The scale's ``train_order`` variants come first, in its order, each
+        variant's seeds in turn: a long table's partial renders judge the claims it names first."""
+        order = self.settings.get("train_order") or []
+        groups: dict[tuple, dict[str, list[Cell]]] = {}
+        for cell in sorted(pending, key=lambda c: order.index(c.attention) if c.attention in order else len(order)):
             key = (cell.stage, cell.model, *self.variant_overrides(cell.attention))
             if any(o.startswith("model.init_from=") for o in cell.overrides):
                 key = (*key, cell.seed)
-            groups.setdefault(key, []).append(cell)
-        result = []
-        for cells in groups.values():
-            attentions = {c.attention for c in cells}
-            seeds = {c.seed for c in cells}
-            if len(cells) == len(attentions) * len(seeds):
-                result.append(cells)
-            else:
-                result += [[c for c in cells if c.seed == s] for s in sorted(seeds)]
-        return result
+            groups.setdefault(key, {}).setdefault(cell.attention, []).append(cell)
+        sweeps: list[list[Cell]] = []
+        for variants in groups.values():
+            previous_seeds = None
+            for cells in variants.values():
+                seeds = [c.seed for c in cells]
+                if seeds == previous_seeds:
+                    sweeps[-1] += cells
+                else:
+                    sweeps.append(list(cells))
+                previous_seeds = seeds
+        return sweeps
 
     @property
     def wandb_group(self) -> str:
