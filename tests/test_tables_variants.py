@@ -221,29 +221,36 @@ def test_a_scales_train_order_comes_first_and_a_half_trained_table_runs_in_few_s
     """``train_order``: its variants' cells lead the first sweep, each variant's seeds in turn; once some cells are
     trained, a sweep is cut only where the next variant lacks other seeds (every sweep stays a Hydra product)."""
     table = variants_table()
-    table["scales"]["cpu"]["train_order"] = ["softpick", "diff"]
-    engine = Engine(table, "cpu", root=ROOT, runs_dir=tmp_path)
+    smoke = table["scales"]["smoke"]
+    smoke.update(variants=["vanilla", "softpick", "diff", "stickbreaking"], seeds=[1, 2, 3], train_order=["diff"])
+    engine = Engine(table, "smoke", root=ROOT, runs_dir=tmp_path)
     cells = engine.cells()
     sweeps = engine.launch_groups(cells)
-    assert [(c.attention, c.seed) for c in sweeps[0][:4]] == [
-        ("softpick", 1),
-        ("softpick", 2),
-        ("softpick", 3),
-        ("diff", 1),
-    ]
-    assert next(o for o in engine.sweep_command(sweeps[0]) if o.startswith("attention=")).startswith(
-        "attention=softpick,diff,vanilla,"
-    )
-    trained = {("softpick", 1), ("softpick", 2), ("diff", 1)}
+    assert [(c.attention, c.seed) for c in sweeps[0][:4]] == [("diff", 1), ("diff", 2), ("diff", 3), ("vanilla", 1)]
+    assert "attention=diff,vanilla,softpick" in engine.sweep_command(sweeps[0])
+
+    def shapes(sweeps: list) -> list[tuple[list[str], list[int]]]:
+        return [(list(dict.fromkeys(c.attention for c in s)), list(dict.fromkeys(c.seed for c in s))) for s in sweeps]
+
+    assert shapes(sweeps) == [(["diff", "vanilla", "softpick"], [1, 2, 3]), (["stickbreaking"], [1, 2, 3])]
+    trained = {("diff", 1), ("vanilla", 1), ("vanilla", 2)}
     pending = [c for c in cells if (c.attention, c.seed) not in trained]
     sweeps = engine.launch_groups(pending)
-    shapes = [(list(dict.fromkeys(c.attention for c in s)), list(dict.fromkeys(c.seed for c in s))) for s in sweeps]
-    assert shapes[:2] == [(["softpick"], [3]), (["diff"], [2, 3])]
-    assert shapes[2][0][0] == "vanilla" and shapes[2][1] == [1, 2, 3]
-    assert all(len(s) == len(a) * len(seeds) for s, (a, seeds) in zip(sweeps, shapes, strict=True))
-    assert sorted(c.directory.name for s in sweeps for c in s) == sorted(c.directory.name for c in pending)
-    assert len(sweeps) == 4  # softpick, diff, the others, stick-breaking with its own overrides
+    assert shapes(sweeps) == [
+        (["diff"], [2, 3]),
+        (["vanilla"], [3]),
+        (["softpick"], [1, 2, 3]),
+        (["stickbreaking"], [1, 2, 3]),
+    ]
+    smoke["train_order"] = ["softpick", "diff"]
+    trained = {("softpick", 1), ("diff", 1)}
+    sweeps = Engine(table, "smoke", root=ROOT, runs_dir=tmp_path).launch_groups(
+        [c for c in cells if (c.attention, c.seed) not in trained]
+    )
+    assert shapes(sweeps)[:2] == [(["softpick", "diff"], [2, 3]), (["vanilla"], [1, 2, 3])]
+    for sweep, (attentions, seeds) in zip(sweeps, shapes(sweeps), strict=True):
+        assert len(sweep) == len(attentions) * len(seeds)  # a product: one Hydra sweep runs exactly these cells
 
-    table["scales"]["cpu"]["train_order"] = ["softpick", "nope"]
-    with pytest.raises(ConfigError, match=r"table\.scales\.cpu\.train_order: a list of distinct variants among"):
-        Engine(table, "cpu", root=ROOT, runs_dir=tmp_path)
+    smoke["train_order"] = ["softpick", "nope"]
+    with pytest.raises(ConfigError, match=r"table\.scales\.smoke\.train_order: a list of distinct variants among"):
+        Engine(table, "smoke", root=ROOT, runs_dir=tmp_path)
