@@ -254,3 +254,34 @@ def test_a_scales_train_order_comes_first_and_a_half_trained_table_runs_in_few_s
     smoke["train_order"] = ["softpick", "nope"]
     with pytest.raises(ConfigError, match=r"table\.scales\.smoke\.train_order: a list of distinct variants among"):
         Engine(table, "smoke", root=ROOT, runs_dir=tmp_path)
+
+
+def test_extra_seeds_pair_with_the_baselines_and_train_after_every_scale_seed(tmp_path: Path) -> None:
+    """``extra_seeds``: more seeds for the variants whose claims 3 leave unresolved; the baseline trains each of
+    them (the pair), no other variant does, and they train after every variant's scale seeds."""
+    table = variants_table()
+    smoke = table["scales"]["smoke"]
+    smoke.update(seeds=[1, 2], extra_seeds={"softpick": [3, 4], "stickbreaking": [4]}, train_order=["softpick"])
+    engine = Engine(table, "smoke", root=ROOT, runs_dir=tmp_path)
+    assert engine.seeds("vanilla") == [1, 2, 3, 4] and engine.seeds("softpick") == [1, 2, 3, 4]
+    assert engine.seeds("stickbreaking") == [1, 2, 4]
+    cells = engine.cells()
+    assert [(c.attention, c.seed) for c in cells] == [
+        *[("vanilla", s) for s in (1, 2, 3, 4)],
+        *[("softpick", s) for s in (1, 2, 3, 4)],
+        *[("stickbreaking", s) for s in (1, 2, 4)],
+    ]
+    cell_keys = engine.keys()  # what a partial table lists as missing: the same cells
+    assert [key[2:] for key in cell_keys] == [(c.attention, c.seed) for c in cells]
+    assert len({c.directory for c in cells}) == len(cells)
+    sweeps = [[(c.attention, c.seed) for c in sweep] for sweep in engine.launch_groups(cells)]
+    assert sweeps == [
+        [("softpick", 1), ("softpick", 2), ("vanilla", 1), ("vanilla", 2)],
+        [("stickbreaking", 1), ("stickbreaking", 2)],
+        [("softpick", 3), ("softpick", 4), ("vanilla", 3), ("vanilla", 4)],
+        [("stickbreaking", 4)],
+    ]
+    for bad in ({"softpick": [2]}, {"nope": [5]}, {"softpick": 5}):
+        smoke["extra_seeds"] = bad
+        with pytest.raises(ConfigError, match=r"table\.scales\.smoke\.extra_seeds\.\w+: a variant of the table with"):
+            Engine(table, "smoke", root=ROOT, runs_dir=tmp_path)

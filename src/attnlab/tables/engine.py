@@ -177,6 +177,17 @@ class Engine:
             if stage not in self.table["stages"] or not set(variants) <= set(self.table["variants"]):
                 key = f"table.scales.{self.scale}.stage_variants.{stage}"
                 raise ConfigError(key, f"a stage of {stages} with variants among {known}")
+        extra = self.settings.get("extra_seeds") or {}
+        for variant, seeds in extra.items():
+            if (
+                variant not in self.table["variants"]
+                or not isinstance(seeds, list)
+                or not all(isinstance(s, int) and s not in self.settings["seeds"] for s in seeds)
+            ):
+                raise ConfigError(
+                    f"table.scales.{self.scale}.extra_seeds.{variant}",
+                    f"a variant of the table with a list of seeds beyond the scale's {self.settings['seeds']}",
+                )
         order = self.settings.get("train_order") or []
         if not isinstance(order, list) or len(set(order)) < len(order) or not set(order) <= set(self.table["variants"]):
             known = ", ".join(self.table["variants"])
@@ -206,6 +217,16 @@ class Engine:
     def variants(self, stage: str) -> list[str]:
         """The stage's variants at this scale (``definitions.stage_variants``)."""
         return stage_variants(self.table, self.scale, stage)
+
+    def seeds(self, attention: str) -> list[int]:
+        """The variant's seeds: the scale's, then its ``extra_seeds`` (more seeds where 3 leave a claim unresolved);
+        the baseline trains every extra seed of any variant, so each extra cell has its pair."""
+        extra = self.settings.get("extra_seeds") or {}
+        if attention == self.table["baseline"]:
+            more = sorted({seed for seeds in extra.values() for seed in seeds})
+        else:
+            more = extra.get(attention, [])
+        return [*self.settings["seeds"], *more]
 
     def rows(self, stage: str) -> dict[str, str]:
         """Paper row -> model for the stage: the scale's rows, and ``stage_rows`` that only one stage has (the paper
@@ -256,7 +277,7 @@ class Engine:
             for stage in self.stages()
             for row in self.rows(stage)
             for attention in self.variants(stage)
-            for seed in self.settings["seeds"]
+            for seed in self.seeds(attention)
         ]
 
     def cells(self) -> list[Cell]:
@@ -266,7 +287,7 @@ class Engine:
             variants = self.variants(stage)
             for row, model in self.rows(stage).items():
                 for attention in variants:
-                    for seed in self.settings["seeds"]:
+                    for seed in self.seeds(attention):
                         overrides = [
                             *self.stage_overrides(stage, model),
                             *self.init_source(stage, cells, row, seed),
@@ -322,11 +343,17 @@ class Engine:
         of its own; per seed too when the cells have different starting checkpoints), cut only where the next
         variant lacks other seeds (a half-trained table), so every sweep is a product and few sweeps leave a
         launcher's workers idle at their end. The scale's ``train_order`` variants come first, in its order, each
-        variant's seeds in turn: a long table's partial renders judge the claims it names first."""
+        variant's seeds in turn: a long table's partial renders judge the claims it names first; ``extra_seeds``
+        come after every variant's scale seeds."""
         order = self.settings.get("train_order") or []
+
+        def turn(cell: Cell) -> tuple[bool, int]:  # every variant's scale seeds before any extra seed
+            rank = order.index(cell.attention) if cell.attention in order else len(order)
+            return cell.seed not in self.settings["seeds"], rank
+
         groups: dict[tuple, dict[str, list[Cell]]] = {}
-        for cell in sorted(pending, key=lambda c: order.index(c.attention) if c.attention in order else len(order)):
-            key = (cell.stage, cell.model, *self.variant_overrides(cell.attention))
+        for cell in sorted(pending, key=turn):
+            key = (turn(cell)[0], cell.stage, cell.model, *self.variant_overrides(cell.attention))
             if any(o.startswith("model.init_from=") for o in cell.overrides):
                 key = (*key, cell.seed)
             groups.setdefault(key, {}).setdefault(cell.attention, []).append(cell)
