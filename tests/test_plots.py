@@ -432,24 +432,36 @@ def test_table1_figures_name_the_protocol_lr_seeds_and_our_model(tmp_path: Path,
 
 
 def test_a_tables_tradeoff_figure_puts_each_variant_at_its_means_with_the_baseline_marked(tmp_path: Path) -> None:
-    """attnlab.tables.figures: per y column (W8A8 gap, max kurtosis), one point per variant at (x mean, y mean)
-    from the tidy CSV with its std bars; the baseline a black square with dashed lines through it; a column that
-    did not run is no panel; kurtosis spanning 20x goes on a log axis, said in its label."""
+    """attnlab.tables.figures: per y column (W8A8 gap, max kurtosis), one point per variant at the baseline's mean
+    plus its paired difference (its own mean when it has every seed; in a partial table the paired distance, not
+    the one to another seed's baseline) with its std bars; the baseline a black square with dashed lines through
+    it; a column that did not run is no panel; kurtosis spanning 20x goes on a log axis, said in its label."""
     from attnlab.tables.figures import TableResults
 
-    place = {"stage": "pretrain", "row": "from scratch", "seeds": 3}
-    means = {
-        "vanilla": {"perplexity": (300.0, 10.0), "w8a8_gap_pct": (4.6, 1.0), "kurtosis_max": (486.0, 50.0)},
-        "gated": {"perplexity": (310.0, 5.0), "w8a8_gap_pct": (0.7, 0.2), "kurtosis_max": (12.0, 3.0)},
-        "softpick": {"perplexity": (295.0, 8.0), "w8a8_gap_pct": (2.0, 0.5), "kurtosis_max": (40.0, 9.0)},
+    place = {"stage": "pretrain", "row": "from scratch"}
+    means = {  # mean, std, seeds, paired difference with vanilla
+        "vanilla": {"perplexity": (300.0, 10.0, 3, None), "w8a8_gap_pct": (4.6, 1.0, 3, None)}
+        | {"kurtosis_max": (486.0, 50.0, 3, None)},
+        "gated": {"perplexity": (310.0, 5.0, 3, 10.0), "w8a8_gap_pct": (0.7, 0.2, 3, -3.9)}
+        | {"kurtosis_max": (12.0, 3.0, 3, -474.0)},
+        # one seed so far, paired with vanilla's seed 1 (ppl 293): 2 above it, though 5 below vanilla's mean
+        "softpick": {"perplexity": (295.0, None, 1, 2.0), "w8a8_gap_pct": (2.0, None, 1, -2.5)}
+        | {"kurtosis_max": (40.0, None, 1, -420.0)},
     }
     tidy = [
-        place | {"attention": a, "column": c, "mean": m, "std": s}
+        place | {"attention": a, "column": c, "mean": m, "std": s, "seeds": n}
         for a, columns in means.items()
-        for c, (m, s) in columns.items()
+        for c, (m, s, n, _) in columns.items()
     ]
-    tidy.append(place | {"attention": "vanilla", "column": "sink_epsilon", "mean": None, "std": None})
+    tidy.append(place | {"attention": "vanilla", "column": "sink_epsilon", "mean": None, "std": None, "seeds": 0})
     pd.DataFrame(tidy).to_csv(tmp_path / "variants.csv", index=False)
+    effects = [
+        place | {"attention": a, "column": c, "diff": d}
+        for a, columns in means.items()
+        for c, (_, _, _, d) in columns.items()
+        if d is not None
+    ]
+    pd.DataFrame(effects).to_csv(tmp_path / "effects.csv", index=False)
     table = {
         "name": "variants",
         "title": "Every variant",
@@ -469,11 +481,14 @@ def test_a_tables_tradeoff_figure_puts_each_variant_at_its_means_with_the_baseli
     assert gap.get_ylabel().startswith("w8a8_gap_pct (percentage points)") and gap.get_yscale() == "linear"
     assert kurtosis.get_yscale() == "log" and "(log scale)" in kurtosis.get_ylabel().replace("\n", " ")
     labels = {t.get_text(): t.xy for t in gap.texts}
-    assert labels == {"vanilla": (300.0, 4.6), "gated": (310.0, 0.7), "softpick": (295.0, 2.0)}
+    expected = {"vanilla": (300.0, 4.6), "gated": (310.0, 0.7), "softpick": (302.0, 2.1)}
+    assert labels.keys() == expected.keys()
+    assert all(labels[name] == pytest.approx(xy) for name, xy in expected.items())
     dashed = [line for line in gap.get_lines() if line.get_linestyle() == "--"]
     assert sorted(tuple(line.get_xdata()) + tuple(line.get_ydata()) for line in dashed) == sorted(
         [(300.0, 300.0, 0, 1), (0, 1, 4.6, 4.6)]
     )
     shown = texts(fig)
-    assert "bars: ±1 std over seeds" in shown and "4.3M" in fig.get_suptitle() and "3 seed(s)" in fig.get_suptitle()
+    assert "bars: ±1 std over seeds" in shown and "4.3M" in fig.get_suptitle()
+    assert "mean over 1-3 seed(s) per point (vanilla's mean plus the difference paired by seed)" in fig.get_suptitle()
     assert colliding_text(fig) == []

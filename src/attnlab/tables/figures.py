@@ -125,17 +125,32 @@ class TableResults:
 
     def tradeoff_figure(self) -> Figure | None:
         """The table's ``tradeoff_figure`` (``x``: one column, ``y``: columns): per variant, each y column's mean
-        over seeds against x's, with their stds, one panel per y column that ran; None when none did."""
+        over seeds against x's, with their stds, one panel per y column that ran; None when none did. A variant
+        sits at the baseline's mean plus its mean difference paired by seed, which is its own mean once it has
+        every seed the baseline has, and in a partial table keeps the distance to the baseline a paired one."""
         spec = self.table["tradeoff_figure"]
         tidy = pd.read_csv(self.results / f"{self.table['name']}.csv").dropna(subset=["mean"])
+        effects = pd.read_csv(self.results / "effects.csv")
         units = {column["paper"]: column.get("unit", column["paper"]) for column in self.table["columns"]}
         place = tidy[["stage", "row"]].drop_duplicates().iloc[0]  # one stage and row: the variants table's
         here = tidy[(tidy["stage"] == place["stage"]) & (tidy["row"] == place["row"])]
-        x = here[here["column"] == spec["x"]].set_index("attention")[["mean", "std"]].set_axis(["x", "x_std"], axis=1)
+        paired = effects[(effects["stage"] == place["stage"]) & (effects["row"] == place["row"])]
+        baseline = self.table["baseline"]
+
+        def located(column: str, axis: str) -> pd.DataFrame:
+            """``axis`` and ``axis``_std per variant: the baseline's mean plus the paired difference, the own std."""
+            mine = here[here["column"] == column].set_index("attention")
+            if baseline not in mine.index:  # the column did not run: no panel
+                return pd.DataFrame(columns=[axis, f"{axis}_std"])
+            diff = paired[paired["column"] == column].set_index("attention")["diff"]
+            where = (mine.loc[baseline, "mean"] + diff).reindex(mine.index)
+            where[baseline] = mine.loc[baseline, "mean"]
+            return pd.DataFrame({axis: where, f"{axis}_std": mine["std"]}).dropna(subset=[axis])
+
+        x = located(spec["x"], "x")
         panels = []
         for column in spec["y"]:
-            y = here[here["column"] == column].set_index("attention")[["mean", "std"]].set_axis(["y", "y_std"], axis=1)
-            points = x.join(y, how="inner")
+            points = x.join(located(column, "y"), how="inner")
             if points.empty:
                 continue
             panels.append(TradeoffPanel(f"{column} ({units[column]})", points))
@@ -144,9 +159,11 @@ class TableResults:
         fewest, most = int(here["seeds"].min()), int(here["seeds"].max())
         seeds = str(most) if fewest == most else f"{fewest}-{most}"  # a partial table: some variants lack seeds
         caption = f"{self.row(str(place['stage']), str(place['row']))}; mean over {seeds} seed(s) per point"
+        if fewest < most:
+            caption += f" ({baseline}'s mean plus the difference paired by seed)"
         if self.scale != "paper":
             caption += f"\n{self.scale} scale: {STANDIN_NOTE}"
-        baseline = self.table["baseline"]  # points carry the short names: 16 labels with the papers' crowd a panel
+        # points carry the short names: 16 labels with the papers' crowd a panel
         xlabel = f"{spec['x']} ({units[spec['x']]}), lower is better"
         return tradeoff_figure(panels, xlabel, baseline, self.heading("what each variant buys and costs"), caption)
 
