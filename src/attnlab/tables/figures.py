@@ -163,8 +163,8 @@ class TableResults:
             caption += f" ({baseline}'s mean plus the difference paired by seed)"
         if self.scale != "paper":
             caption += f"\n{self.scale} scale: {STANDIN_NOTE}"
-        # points carry the short names: 16 labels with the papers' crowd a panel
         xlabel = f"{spec['x']} ({units[spec['x']]}), lower is better"
+        # points carry the short names (the baseline's too): 16 labels with the papers' crowd a panel
         return tradeoff_figure(panels, xlabel, baseline, self.heading("what each variant buys and costs"), caption)
 
     def cost_panels(self, costs: pd.DataFrame) -> list[EffectPanel]:
