@@ -3,7 +3,8 @@
 # Installs .whl/ (experiments/device_wheels.sh) into /tmp/site where the machine lacks Hydra and the rest; the
 # data travel under .cache/attnlab (the device tool's carry: ".whl", ".cache/attnlab/corpus/registry_text-v3.jsonl.zst"
 # and ".cache/attnlab/tokenizers"; the gpu scale trains on registry_text, see below).
-# Each table runs under its own time limit; a table cut short keeps its finished cells (outputs/runs) and says so.
+# Each table runs under its own time limit (LIMIT); a table cut there has its finished cells evaluated (EVAL_LIMIT)
+# and written as a partial table, so they come back as records (a cell's checkpoint does not come back).
 # $OUT gets a log per table, the tables' results (experiments/results/<table>/<scale>/) and every cell's logged
 # metrics and evaluation as one archive, ready to unpack over a checkout and commit.
 #
@@ -17,14 +18,18 @@
 #   cells run there but not committed yet travel as their records (carry outputs/runs/<cell>: its results.json, eval/
 #   and csv/, ~0.3 MB, no checkpoints): the engine skips a cell with a results.json and reads its cached evaluation.
 #   SCALE (default gpu), ARGS (train.py overrides for every cell), JOBS (cells at once, default 9), LIMIT (seconds per
-#   table, default 480), PYTHON.
+#   table, default 480), EVAL_LIMIT (seconds for a cut table's partial render, default 90; 0: none), PYTHON.
 # The variants table where the outliers live (issue 46), one H100: 12 of its 30 cells are the outliers and gating
 #   tables' committed gpu cells (vanilla, clipped_softmax, gated, gated_sdpa), taken from their records, so 18 train:
-#   OUT=/dir TABLES=variants JOBS=16 LIMIT=540 bash experiments/gpu_tables.sh   (twice: the second call continues
-#   each cell from its last.ckpt, every 500 steps). Estimated, not yet measured: 18 cells x 16.4M tokens = 295M
-#   tokens; the gating run's 6 cells side by side made ~350k tokens/s together (58k each), so ~14 min of training if
-#   16 processes keep that rate, in two calls of 9 min with ~1 min of analyses. Before switching to bf16-mixed or
-#   compile to fit one call, check vanilla's kurtosis and W8A8 gap against the fp32 cells (issue 46).
+#   OUT=/dir TABLES=variants JOBS=9 LIMIT=460 EVAL_LIMIT=80 bash experiments/gpu_tables.sh   in two calls, each
+#   within the device tool's 600 s and one session's 15 minutes of device time. A call trains 9 cells side by side
+#   (the outliers run's 9 made ~45k tokens/s each: 16.4M tokens in ~6.1 min, ~7 min with packing and start-up),
+#   LIMIT cuts the 9 that follow, and the 9 finished are evaluated and come back as a partial table: commit it, and
+#   the next call (a fresh machine) takes them from its records and trains the other 9. Estimated, not yet measured:
+#   18 cells x 16.4M tokens = 295M tokens at ~400k tokens/s together, ~12.5 min of training in all. 16 at once would
+#   finish none within one call (~25k tokens/s each: ~11 min a cell), and a cut cell's checkpoint stays on the
+#   machine. To fit one call, bf16-mixed or compile: check vanilla's kurtosis and W8A8 gap against the fp32 cells
+#   first (issue 46).
 # Or a train.py sweep instead of tables, its runs in outputs/sweep/ (resumed there while the machine stays warm), cut
 # at LIMIT (each run keeps its last periodic checkpoint), its curves archived every 30 s, e.g. the sink search (README,
 # "Weight decay and the sink"): SWEEP="experiment=emergence trainer=gpu trainer.devices=1 trainer.precision=32-true
@@ -51,6 +56,7 @@ SCALE=${SCALE:-gpu}
 ARGS=${ARGS:-}
 JOBS=${JOBS:-9}
 LIMIT=${LIMIT:-480}
+EVAL_LIMIT=${EVAL_LIMIT:-90}
 status=0
 results=()
 {
@@ -103,6 +109,15 @@ for table in $TABLES; do
         "launcher='hydra/launcher=joblib hydra.launcher.n_jobs=$JOBS'" >"$OUT/$table.log" 2>&1
     rc=$?
     echo "$table at $SCALE: exit $rc after $((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
+    if ((rc == 124 || rc == 137)) && ((EVAL_LIMIT > 0)); then
+        # cut at LIMIT: the cells that finished are evaluated now, while their checkpoints are on this machine (the
+        # archive holds none), and written as a partial table, so they come back as records a later call reuses
+        start=$SECONDS
+        timeout -k 10 "$EVAL_LIMIT" "$PYTHON" -m attnlab.cli.table "table=$table" "scale=$SCALE" "args='$ARGS'" \
+            partial=true >>"$OUT/$table.log" 2>&1
+        echo "$table at $SCALE: cut at LIMIT; its finished cells as a partial table: exit $? after" \
+            "$((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
+    fi
     ((rc == 0)) || { status=1; tail -20 "$OUT/$table.log"; }
     results+=("experiments/results/$table/$SCALE")
     archive outputs/runs outputs/tables
