@@ -190,7 +190,7 @@ def test_a_partial_table_takes_another_tables_committed_cells_without_training(
         results_dir=results / "variants" / "cpu_long",
         partial=True,
     )
-    assert "**Partial: 3 of 34 cells**" in markdown  # 10 variants x 3 seeds, G1 and vanilla seeds 4-5
+    assert "**Partial: 3 of 36 cells**" in markdown  # 10 variants x 3 seeds, G1, softpick and vanilla seeds 4-5
     runs = pd.read_csv(results / "variants" / "cpu_long" / "runs.csv")
     committed = pd.read_csv(RESULTS / "outliers" / "cpu_long" / "runs.csv")
     assert runs["row"].unique().tolist() == ["from scratch"]
