@@ -56,7 +56,8 @@ def test_smoke_table_end_to_end(smoke: dict) -> None:
     effects = pd.read_csv(results / "effects.csv")
     assert len(effects) == 2 * len(COLUMNS) and set(effects["column"]) == set(COLUMNS)
     judged = effects[effects["verdict"] != NO_PAPER_VALUE]
-    assert judged[["attention", "column"]].values.tolist() == [["softpick", "sink_share"], ["softpick", "kurtosis_max"]]
+    softpick_claims = ["sink_share", "kurtosis_max", "max_inf_norm", "w8a8_gap_pct"]  # the smoke scale's columns
+    assert judged[["attention", "column"]].values.tolist() == [["softpick", column] for column in softpick_claims]
     assert set(judged["verdict_holm"]) <= {REPRODUCES, OPPOSITE, UNRESOLVED} and judged["p_holm"].notna().all()
     assert markdown.index("- outliers (pretrain, from scratch, vanilla): **") < markdown.index("## pretrain")
     assert "- attention sink (pretrain, from scratch, vanilla): **" in markdown
