@@ -105,16 +105,16 @@ if [[ -n "${SWEEP:-}" ]]; then  # a train.py sweep instead of tables; its runs' 
 fi
 for table in $TABLES; do
     start=$SECONDS
-    timeout -k 30 "$LIMIT" "$PYTHON" -m attnlab.cli.table "table=$table" "scale=$SCALE" "args='$ARGS'" \
-        "launcher='hydra/launcher=joblib hydra.launcher.n_jobs=$JOBS'" >"$OUT/$table.log" 2>&1
+    table_command=("$PYTHON" -m attnlab.cli.table "table=$table" "scale=$SCALE" "args='$ARGS'")
+    timeout -k 30 "$LIMIT" "${table_command[@]}" "launcher='hydra/launcher=joblib hydra.launcher.n_jobs=$JOBS'" \
+        >"$OUT/$table.log" 2>&1
     rc=$?
     echo "$table at $SCALE: exit $rc after $((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
     if ((rc == 124 || rc == 137)) && ((EVAL_LIMIT > 0)); then
         # cut at LIMIT: the cells that finished are evaluated now, while their checkpoints are on this machine (the
         # archive holds none), and written as a partial table, so they come back as records a later call reuses
         start=$SECONDS
-        timeout -k 10 "$EVAL_LIMIT" "$PYTHON" -m attnlab.cli.table "table=$table" "scale=$SCALE" "args='$ARGS'" \
-            partial=true >>"$OUT/$table.log" 2>&1
+        timeout -k 10 "$EVAL_LIMIT" "${table_command[@]}" partial=true >>"$OUT/$table.log" 2>&1
         echo "$table at $SCALE: cut at LIMIT; its finished cells as a partial table: exit $? after" \
             "$((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
     fi
