@@ -86,7 +86,7 @@ reproduce-table8: $(STAMP)  ## SSA Table 8 (SSA with one term replaced: YaRN or 
 reproduce-table8_single_term: $(STAMP)  ## Table 8's baselines alone on q, no SSA term (our first reading, kept as an ablation; SCALE=cpu|cpu_long|paper|smoke) -> experiments/results/table8_single_term/
 	$(TABLE) table=table8_single_term
 
-reproduce-outliers: $(STAMP)  ## Bondarenko et al.: outliers and W8A8 (vanilla / clipped softmax / gated; SCALE=cpu|cpu_long|gpu|gpu_wide|paper|smoke; cpu_long: ~9.5 h, where vanilla grows outliers) -> experiments/results/outliers/
+reproduce-outliers: $(STAMP)  ## Bondarenko et al.: outliers and W8A8 (vanilla / clipped softmax / gated; SCALE=cpu|cpu_long|gpu|gpu_wide|paper|smoke; cpu_long: ~15.5 h, where vanilla grows outliers) -> experiments/results/outliers/
 	$(TABLE) table=outliers
 
 reproduce-gating: $(STAMP)  ## Qiu et al.: gate positions G1-G5 and forms (perplexity, sinks, gates; SCALE=cpu|cpu_long|gpu|paper|smoke|synthetic; cpu_long and gpu: G1 and G2 only; synthetic: Bigram-Backcopy) -> experiments/results/gating/

@@ -3,7 +3,7 @@ table.
 
 Each grid cell is a training run in ``<runs_dir>/<cell name>`` (``attnlab.cells``). A stage's pending
 cells go to ``python -m attnlab.cli.train -m`` (``train.py``'s job, installed or not) as Hydra multiruns, so any
-Hydra launcher (``hydra/launcher=submitit_slurm``, ``joblib``) spreads them with no code change; finished cells
+Hydra launcher (``hydra/launcher=slurm``, ``joblib``) spreads them with no code change; finished cells
 (``results.json`` present) are never relaunched, and an interrupted one resumes from its own
 ``checkpoints/last.ckpt``. Evaluations are cached per (cell, suite).
 """
@@ -148,7 +148,7 @@ class Engine:
     runs_dir: Path
     force: bool = False
     args: Sequence[str] = ()  # extra train.py overrides for every cell
-    launcher: Sequence[str] = ()  # e.g. hydra/launcher=submitit_slurm hydra.launcher.partition=gpu
+    launcher: Sequence[str] = ()  # e.g. hydra/launcher=slurm hydra.launcher.partition=gpu
     salt: str = field(default_factory=lambda: time.strftime("%Y%m%d-%H%M%S"))
 
     def __post_init__(self) -> None:
