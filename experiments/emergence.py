@@ -1,4 +1,4 @@
-"""The phenomena search's curves (issue 23): each run's outlier and sink metrics against the step, with the tables'
+"""The phenomena search's curves: each run's outlier and sink metrics against the step, with the tables'
 phenomenon thresholds drawn in, from the runs' ``csv/metrics.csv`` (``conf/experiment/emergence.yaml``).
 
     python experiments/emergence.py outputs/emergence/search --out experiments/results/emergence

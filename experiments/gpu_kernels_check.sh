@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 26 on one GPU (an H100, torch >= 2.11, no network): the GPU-only tests of attention.backend=flex, then
-# `python -m attnlab.bench --sections kernels` and the step section with and without model.padded_vocab_size and
+# The kernels' checks on one GPU (an H100, torch >= 2.11, no network): the GPU-only tests of attention.backend=flex,
+# then `python -m attnlab.bench --sections kernels` and the step section with and without model.padded_vocab_size and
 # the fused loss (GPT-2 124M, bf16, compiled). Reports and logs go to $OUT; a stage that fails or runs out of its
 # time limit is logged and the next one still runs; the exit status is non-zero if any stage failed.
 #

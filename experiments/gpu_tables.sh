@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 23 on one GPU (an H100, no network): tables at their `gpu` scale, cells side by side, results to $OUT.
+# The from-scratch tables on one GPU (an H100, no network): tables at their `gpu` scale, cells side by side, results
+# to $OUT.
 # Installs .whl/ (experiments/device_wheels.sh) into /tmp/site where the machine lacks Hydra and the rest; the
 # data travel under .cache/attnlab (the device tool's carry: ".whl", ".cache/attnlab/corpus/registry_text-v3.jsonl.zst"
 # and ".cache/attnlab/tokenizers"; the gpu scale trains on registry_text, see below).
@@ -19,7 +20,7 @@
 #   and csv/, ~0.3 MB, no checkpoints): the engine skips a cell with a results.json and reads its cached evaluation.
 #   SCALE (default gpu), ARGS (train.py overrides for every cell), JOBS (cells at once, default 9), LIMIT (seconds per
 #   table, default 480), EVAL_LIMIT (seconds for a cut table's partial render, default 90; 0: none), PYTHON.
-# The variants table where the outliers live (issue 46), one H100: 12 of its 30 cells are the outliers and gating
+# The variants table where the outliers live, one H100: 12 of its 30 cells are the outliers and gating
 #   tables' committed gpu cells (vanilla, clipped_softmax, gated, gated_sdpa), taken from their records, so 18 train:
 #   OUT=/dir TABLES=variants JOBS=9 LIMIT=460 EVAL_LIMIT=80 bash experiments/gpu_tables.sh   in two calls, each
 #   within the device tool's 600 s and one session's 15 minutes of device time. A call trains 9 cells side by side
@@ -29,7 +30,7 @@
 #   18 cells x 16.4M tokens = 295M tokens at ~400k tokens/s together, ~12.5 min of training in all. 16 at once would
 #   finish none within one call (~25k tokens/s each: ~11 min a cell), and a cut cell's checkpoint stays on the
 #   machine. To fit one call, bf16-mixed or compile: check vanilla's kurtosis and W8A8 gap against the fp32 cells
-#   first (issue 46).
+#   first.
 # Or a train.py sweep instead of tables, its runs in outputs/sweep/ (resumed there while the machine stays warm), cut
 # at LIMIT (each run keeps its last periodic checkpoint), its curves archived every 30 s, e.g. the sink search (README,
 # "Weight decay and the sink"): SWEEP="experiment=emergence trainer=gpu trainer.devices=1 trainer.precision=32-true

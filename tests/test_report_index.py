@@ -1,4 +1,4 @@
-"""The report's index tells the truth at a glance (issue 52), on the committed results: a verdict count is coloured
+"""The report's index tells the truth at a glance, on the committed results: a verdict count is coloured
 only when it is not 0, a table that judged nothing shows "-", a partial table says how many cells it holds, a table
 whose every number is 0 is a pipeline check, and no title is a path. Its figures: an axis of values that cannot be
 negative stops at 0, and paper numbers not verified against the paper's text are drawn apart."""

@@ -297,7 +297,8 @@ def test_a_table_renders_again_from_its_committed_records(tmp_path) -> None:
 
 
 def test_a_check_on_a_variant_reads_that_variants_cells_and_is_not_measured_where_it_did_not_run() -> None:
-    """SSA's temperatures have moved from their init (issue 23): a check on ``variant: a``, not the baseline."""
+    """SSA's temperatures have moved from their init (the phenomena search's check): a check on ``variant: a``, not
+    the baseline."""
     moved = {"name": "moved", "variant": "a", "conditions": [{"metric": "temperature_token_spread", "at_least": 0.01}]}
     absent_variant = {**moved, "name": "elsewhere", "variant": "c"}
     table = {**TABLE, "phenomena": [moved, absent_variant]}

@@ -1,4 +1,4 @@
-"""The table of every attention variant against vanilla (issue 24): ``make reproduce-variants SCALE=smoke`` end to
+"""The table of every attention variant against vanilla: ``make reproduce-variants SCALE=smoke`` end to
 end (3 cells: vanilla, softpick with its papers' claims, stick-breaking with its own position setting), its
 render from the committed CSVs, and the engine pieces it added (per-variant overrides, the costs report's
 settings, re-evaluating cached evaluations that predate a headline)."""

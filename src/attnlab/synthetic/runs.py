@@ -311,7 +311,7 @@ def baseline_mse(task: DenoisingTask, samples: int, seed: int) -> dict[str, floa
 def denoising_loss(prediction: Tensor, y: Tensor) -> Tensor:
     """The paper's training objective E ||y - y_hat / ||y_hat|| ||^2 in ``train_seeds``' (prediction, target) order.
     Passing ``normalised_mse`` itself there normalised the target instead, training on the plain MSE ||y_hat - y||^2
-    (fixed with issue 25)."""
+    (fixed by the protocol review)."""
     return normalised_mse(y, prediction)
 
 

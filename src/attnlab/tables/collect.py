@@ -515,7 +515,7 @@ def seeds_label(value: Any) -> str:
 
 def seeds_markdown(effect: pd.DataFrame) -> list[str]:
     """How far the seeds reach: the comparisons whose interval is wider than the paper's effect at the seeds run,
-    and how many of them ``PROPOSED_SEEDS`` would narrow enough at the same spread (issue 23: 5 where 3 are too few)."""
+    and how many of them ``PROPOSED_SEEDS`` would narrow enough at the same spread (5 where 3 are too few)."""
     sized = effect[effect["seeds_needed"].notna()]
     if not len(sized):
         return []

@@ -33,7 +33,7 @@ def attention_sinks(model: nn.Module, tokens: Tokens, skip: int = 4, deep_skip: 
     """Per layer: the mean probability that queries at 0-based positions >= ``skip`` put on key 0 (over heads,
     queries and sequences), and the max |x| of the block output (the residual stream) over all tokens.
 
-    ``sink_share`` is the phenomenon check's number (issue 23): the same share for queries at positions >=
+    ``sink_share`` is the phenomenon check's number (the phenomena search): the same share for queries at positions >=
     ``deep_skip``, averaged over the layers after the first (the first layer rarely has a sink: Xiao et al. 2024,
     Gu et al. 2025), so early queries that can only see a few keys do not pass for a sink.
 
