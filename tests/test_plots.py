@@ -266,13 +266,13 @@ def test_a_tables_effects_figure_reads_its_csvs_in_the_columns_units_beside_its_
     place = {"stage": "pretrain", "row": "from scratch"}
     effects = [
         place
-        | {"attention": a, "column": c, "metric": c, "seeds": 3, "diff": d, "ci_low": d - 1, "ci_high": d + 1}
+        | {"attention": a, "column": c, "metric": c, "seeds": n, "diff": d, "ci_low": d - 1, "ci_high": d + 1}
         | {"verdict": v, "verdict_holm": v}
-        for a, c, d, v in (
-            ("softpick", "perplexity", -4.0, "no paper value"),
-            ("fox", "perplexity", 2.0, "opposite"),
-            ("softpick", "attention_entropy", -0.5, "no paper value"),
-            ("fox", "attention_entropy", 0.1, "no paper value"),
+        for a, c, d, v, n in (
+            ("softpick", "perplexity", -4.0, "no paper value", 3),
+            ("fox", "perplexity", 2.0, "opposite", 2),  # a seed short of softpick's
+            ("softpick", "attention_entropy", -0.5, "no paper value", 3),
+            ("fox", "attention_entropy", 0.1, "no paper value", 2),
         )
     ]
     pd.DataFrame(effects).to_csv(tmp_path / "effects.csv", index=False)
@@ -300,7 +300,8 @@ def test_a_tables_effects_figure_reads_its_csvs_in_the_columns_units_beside_its_
     fig = rendered(TableResults(table, "cpu", tmp_path, sizes).effects_figure(), tmp_path / "effects.png")
     panels = [ax for ax in fig.axes if ax.get_visible()]
     assert [ax.get_title() for ax in panels] == ["perplexity", "attention_entropy", "parameters added", "step time"]
-    assert [t.get_text() for t in panels[0].get_yticklabels()] == ["softpick", "fox (FoX)"]  # vanilla is no row
+    # vanilla is no row; a variant on fewer seeds says so, on the same row in the cost panels
+    assert [t.get_text() for t in panels[0].get_yticklabels()] == ["softpick", "fox (FoX) (2 seeds)"]
     assert bar_widths(panels[0]) == [-4.0, 2.0] and bar_widths(panels[1]) == [-0.5, 0.1]
     labels = [ax.get_xlabel().replace("\n", " ") for ax in panels]  # wrapped to the panel's width
     assert labels[:2] == [
@@ -312,7 +313,7 @@ def test_a_tables_effects_figure_reads_its_csvs_in_the_columns_units_beside_its_
     assert bar_widths(panels[3]) == [25.0, 50.0]  # % above vanilla's median step
     assert "quartiles over 10 rounds" in labels[3] and "vanilla's own: -5% to +10%" in labels[3]
     title = fig.get_suptitle()
-    assert "table variants, cpu scale" in title and "from scratch row: our tiny, 0.95M params; 3 seed(s)" in title
+    assert "table variants, cpu scale" in title and "from scratch row: our tiny, 0.95M params; 2-3 seed(s)" in title
     assert "whiskers: its 95% t-interval" in title and colliding_text(fig) == []
 
 
@@ -481,7 +482,7 @@ def test_a_tables_tradeoff_figure_puts_each_variant_at_its_means_with_the_baseli
     assert gap.get_ylabel().startswith("w8a8_gap_pct (percentage points)") and gap.get_yscale() == "linear"
     assert kurtosis.get_yscale() == "log" and "(log scale)" in kurtosis.get_ylabel().replace("\n", " ")
     labels = {t.get_text(): t.xy for t in gap.texts}
-    expected = {"vanilla": (300.0, 4.6), "gated": (310.0, 0.7), "softpick": (302.0, 2.1)}
+    expected = {"vanilla": (300.0, 4.6), "gated": (310.0, 0.7), "softpick (1 seed)": (302.0, 2.1)}  # its seeds named
     assert labels.keys() == expected.keys()
     assert all(labels[name] == pytest.approx(xy) for name, xy in expected.items())
     dashed = [line for line in gap.get_lines() if line.get_linestyle() == "--"]

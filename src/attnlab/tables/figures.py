@@ -38,6 +38,17 @@ TRADEOFF_FIGURE = "tradeoff.png"  # a table with ``tradeoff_figure: {x, y}`` com
 STANDIN_NOTE = "our columns are stand-ins on another dataset and model size: compare the pattern across variants"
 
 
+def seeds_named(seeds: pd.Series, name: Callable[[str], str], most: float | None = None) -> dict[str, str]:
+    """Each variant's label (``name``), with its seed count beside it where it has fewer seeds than ``most`` (default:
+    the most any has): in a partial table, or one whose extra seeds went to some variants only, a bar or point on
+    fewer seeds says so."""
+    most = seeds.max() if most is None else most
+    return {
+        attention: name(attention) if n >= most else f"{name(attention)} ({int(n)} seed{'s' if n > 1 else ''})"
+        for attention, n in seeds.items()
+    }
+
+
 @dataclass
 class TableResults:
     """One reproduced table at one scale: its config, its results directory and our model per paper row."""
@@ -99,9 +110,10 @@ class TableResults:
         means = tidy[tidy["attention"] == baseline].set_index(["stage", "row", "column"])["mean"]
         units = {column["paper"]: column.get("unit", column["paper"]) for column in self.table["columns"]}
         places = list(dict.fromkeys(zip(effects["stage"], effects["row"], strict=True)))
+        names = seeds_named(effects.groupby("attention")["seeds"].min(), lambda a: variant_label(self.table, a))
         panels = []
         for (stage, row, column), part in effects.groupby(["stage", "row", "column"], sort=False):
-            labelled = part.assign(label=[variant_label(self.table, a) for a in part["attention"]]).set_index("label")
+            labelled = part.assign(label=[names[a] for a in part["attention"]]).set_index("label")
             bars = labelled[["diff", "ci_low", "ci_high"]].set_axis(["value", "low", "high"], axis=1)
             judged = labelled[~labelled["verdict"].isin([NO_PAPER_VALUE, IDENTICAL])]["verdict_holm"].to_dict()
             base = means.get((stage, row, column))
@@ -110,7 +122,7 @@ class TableResults:
             panels.append(EffectPanel(title, xlabel, bars, judged))
         costs = self.results / COSTS_CSV
         if costs.is_file():
-            panels += self.cost_panels(pd.read_csv(costs))
+            panels += self.cost_panels(pd.read_csv(costs), names)
         fewest, seeds = int(effects["seeds"].min()), int(effects["seeds"].max())
         whiskers = "its 95% t-interval" if seeds > 1 else "none (1 seed: no interval)"
         if fewest < seeds:  # a partial table: some variants still lack seeds
@@ -147,16 +159,18 @@ class TableResults:
             where[baseline] = mine.loc[baseline, "mean"]
             return pd.DataFrame({axis: where, f"{axis}_std": mine["std"]}).dropna(subset=[axis])
 
+        fewest, most = int(here["seeds"].min()), int(here["seeds"].max())
+        seeds_of = here.groupby("attention")["seeds"].min()
+        short = seeds_named(seeds_of.drop(baseline, errors="ignore"), str, most)  # the points carry the short names
         x = located(spec["x"], "x")
         panels = []
         for column in spec["y"]:
-            points = x.join(located(column, "y"), how="inner")
+            points = x.join(located(column, "y"), how="inner").rename(index=short)
             if points.empty:
                 continue
             panels.append(TradeoffPanel(f"{column} ({units[column]})", points))
         if not panels:
             return None
-        fewest, most = int(here["seeds"].min()), int(here["seeds"].max())
         seeds = str(most) if fewest == most else f"{fewest}-{most}"  # a partial table: some variants lack seeds
         caption = f"{self.row(str(place['stage']), str(place['row']))}; mean over {seeds} seed(s) per point"
         if fewest < most:
@@ -167,13 +181,14 @@ class TableResults:
         # points carry the short names (the baseline's too): 16 labels with the papers' crowd a panel
         return tradeoff_figure(panels, xlabel, baseline, self.heading("what each variant buys and costs"), caption)
 
-    def cost_panels(self, costs: pd.DataFrame) -> list[EffectPanel]:
+    def cost_panels(self, costs: pd.DataFrame, names: dict[str, str]) -> list[EffectPanel]:
         """Parameters added (% of the baseline's) and the training step's time against the baseline's (whiskers:
-        the variant's quartiles over the timed rounds), from the ``costs`` report's record."""
+        the variant's quartiles over the timed rounds), from the ``costs`` report's record; ``names``: each
+        variant's row label in the effect panels, so a variant reads across all of them."""
         baseline = self.table["baseline"]
         mine = costs[costs["attention"] == baseline].iloc[0]
         costs = costs[costs["attention"] != baseline]
-        labels = [variant_label(self.table, a) for a in costs["attention"]]
+        labels = [names.get(a) or variant_label(self.table, a) for a in costs["attention"]]
         added = pd.DataFrame({"value": costs["parameters_added_pct"].to_numpy()}, index=labels).reindex(
             columns=["value", "low", "high"]
         )
