@@ -167,6 +167,35 @@ def test_a_cell_another_table_committed_at_the_scale_is_shared_under_this_tables
 
 
 @pytest.mark.usefixtures("registry_corpus")
+def test_a_partial_table_that_reads_run_directories_refuses_to_drop_committed_cells(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pruning table at cpu_long reads its cells' run directories. On a machine that holds only a gated cell's, a
+    partial table would hold that cell alone and drop vanilla's three committed ones: it refuses in one line naming
+    ``partial`` before evaluating anything, and the committed files stay as they were."""
+    import attnlab.data.registry
+    from attnlab.errors import ConfigError
+    from attnlab.tables import reproduce
+
+    lines = (RESULTS / "pruning" / "cpu_long" / "cells.jsonl").read_text().splitlines()
+    (fingerprint,) = {json.loads(line)["identity"]["data"]["corpus_sha256"] for line in lines}
+    monkeypatch.setattr(attnlab.data.registry, "corpus_fingerprint", lambda cache_dir: fingerprint)
+    results = tmp_path / "results" / "pruning" / "cpu_long"
+    shutil.copytree(RESULTS / "pruning" / "cpu_long", results)
+    before = {path.name: path.read_bytes() for path in results.iterdir()}
+    runs = tmp_path / "runs"
+    engine = Engine(load_table("pruning", ROOT), "cpu_long", root=ROOT, runs_dir=runs)
+    gated = next(cell for cell in engine.cells() if cell.attention == "gated")
+    gated.directory.mkdir(parents=True)
+    (gated.directory / "results.json").write_text("{}")  # finished here: the partial table would hold it alone
+    monkeypatch.setattr("attnlab.tables.engine.evaluate_cell", lambda *a, **k: pytest.fail("evaluated a cell"))
+    with pytest.raises(ConfigError) as refused:
+        reproduce("pruning", "cpu_long", root=ROOT, runs_dir=runs, results_dir=results, partial=True)
+    assert refused.value.key == "partial" and f"for {len(lines)} committed cell(s)" in str(refused.value)
+    assert {path.name: path.read_bytes() for path in results.iterdir()} == before
+
+
+@pytest.mark.usefixtures("registry_corpus")
 def test_a_partial_table_takes_another_tables_committed_cells_without_training(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -67,6 +67,14 @@ def reproduce(
     # (unless a report reads the cells' files, which only their run directories hold)
     reused, changed = committed_cells(grid, results_dir)
     reads_files = [name for name in table.get("reports") or [] if name in READS_CELL_FILES]
+    unreadable = [c.directory.name for c in grid if reads_files and c.directory.name in reused and not c.finished]
+    if partial and unreadable:  # a partial table holds finished cells only: it would drop these committed ones
+        raise ConfigError(
+            "partial",
+            f"the table's {', '.join(reads_files)} report reads its cells' run directories, which this machine lacks "
+            f"for {len(unreadable)} committed cell(s) ({', '.join(unreadable)}): a partial table here would drop "
+            "them from the committed one; write it where they are, or train the whole table (without partial)",
+        )
     if reads_files:
         changed |= {
             name: f"{name} (the table's {', '.join(reads_files)} report reads its run directory)" for name in reused
