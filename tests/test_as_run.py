@@ -170,9 +170,10 @@ def test_a_cell_another_table_committed_at_the_scale_is_shared_under_this_tables
 def test_a_partial_table_that_reads_run_directories_refuses_to_drop_committed_cells(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The pruning table at cpu_long reads its cells' run directories. On a machine that holds only a gated cell's, a
-    partial table would hold that cell alone and drop vanilla's three committed ones: it refuses in one line naming
-    ``partial`` before evaluating anything, and the committed files stay as they were."""
+    """The pruning table at cpu_long reads its cells' run directories. On a machine that holds only one committed
+    cell's, a partial table would hold that cell alone and drop the other committed ones: it refuses in one line
+    naming ``partial`` and those cells (not the one it has) before evaluating anything, and the committed files stay
+    as they were."""
     import attnlab.data.registry
     from attnlab.errors import ConfigError
     from attnlab.tables import reproduce
@@ -184,14 +185,16 @@ def test_a_partial_table_that_reads_run_directories_refuses_to_drop_committed_ce
     shutil.copytree(RESULTS / "pruning" / "cpu_long", results)
     before = {path.name: path.read_bytes() for path in results.iterdir()}
     runs = tmp_path / "runs"
-    engine = Engine(load_table("pruning", ROOT), "cpu_long", root=ROOT, runs_dir=runs)
-    gated = next(cell for cell in engine.cells() if cell.attention == "gated")
-    gated.directory.mkdir(parents=True)
-    (gated.directory / "results.json").write_text("{}")  # finished here: the partial table would hold it alone
+    here, *elsewhere = [json.loads(line)["name"] for line in lines]
+    assert elsewhere  # the committed table has more than the one cell this machine holds
+    (runs / here).mkdir(parents=True)
+    (runs / here / "results.json").write_text("{}")  # finished here: the partial table would hold it alone
     monkeypatch.setattr("attnlab.tables.engine.evaluate_cell", lambda *a, **k: pytest.fail("evaluated a cell"))
     with pytest.raises(ConfigError) as refused:
         reproduce("pruning", "cpu_long", root=ROOT, runs_dir=runs, results_dir=results, partial=True)
-    assert refused.value.key == "partial" and f"for {len(lines)} committed cell(s)" in str(refused.value)
+    message = str(refused.value)
+    assert refused.value.key == "partial" and f"{len(elsewhere)} committed cell(s) have no finished one" in message
+    assert all(name in message for name in elsewhere) and here not in message
     assert {path.name: path.read_bytes() for path in results.iterdir()} == before
 
 
@@ -200,8 +203,9 @@ def test_a_partial_table_takes_another_tables_committed_cells_without_training(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The variants table at cpu_long on a machine with no run directories: the cells the outliers table committed
-    under its row OPT-125m (vanilla's three, and gated's as they finish) make its partial table (with their as-run
-    lines and curves) and nothing trains. The corpus fingerprint is the one those cells recorded."""
+    under its row OPT-125m that are also the variants table's (vanilla's, and gated's seeds 1-3 as they finish) make
+    its partial table (with their as-run lines and curves) and nothing trains. The corpus fingerprint is the one
+    those cells recorded."""
     import attnlab.data.registry
     from attnlab.tables import reproduce
 
@@ -219,18 +223,23 @@ def test_a_partial_table_takes_another_tables_committed_cells_without_training(
         results_dir=results / "variants" / "cpu_long",
         partial=True,
     )
+    grid = Engine(load_table("variants", ROOT), "cpu_long", root=ROOT, runs_dir=tmp_path / "runs").cells()
+    assert len(grid) == 36  # 10 variants x 3 seeds, and seeds 4-5 of G1, softpick and vanilla
+    names = {cell.directory.name for cell in grid}
     committed = pd.read_csv(RESULTS / "outliers" / "cpu_long" / "runs.csv")
-    assert len(committed) >= 3  # 10 variants x 3 seeds, and seeds 4-5 of G1, softpick and vanilla: 36
+    committed = committed[[Path(run).name in names for run in committed["run"]]]  # its seeds 4-5 of gated are not
+    assert (committed["attention"] == "vanilla").sum() >= 3
     assert f"**Partial: {len(committed)} of 36 cells**" in markdown
     runs = pd.read_csv(results / "variants" / "cpu_long" / "runs.csv")
     assert runs["row"].unique().tolist() == ["from scratch"]
     assert runs["perplexity"].tolist() == committed["perplexity"].tolist()
-    assert [json.loads(line)["digest"] for line in lines] == [
+    shared = [json.loads(line) for line in lines if json.loads(line)["name"] in names]
+    assert [line["digest"] for line in shared] == [
         line["digest"] for line in read_cells(results / "variants" / "cpu_long").values()
     ]
     curves = pd.read_csv(results / "variants" / "cpu_long" / "curves.csv")
     paired = (committed["attention"] != "vanilla").any()  # effects.png draws a variant paired with vanilla
     assert (results / "variants" / "cpu_long" / "effects.png").exists() == paired
-    assert set(curves["row"]) == {"from scratch"} and len(curves) == len(
-        pd.read_csv(RESULTS / "outliers" / "cpu_long" / "curves.csv")
-    )
+    theirs = pd.read_csv(RESULTS / "outliers" / "cpu_long" / "curves.csv")
+    theirs = theirs.merge(committed[["attention", "seed"]], on=["attention", "seed"])
+    assert set(curves["row"]) == {"from scratch"} and len(curves) == len(theirs)

@@ -33,6 +33,7 @@ def reproduce(
     ``partial``: train nothing; write the table from the cells that have finished training so far (evaluating
     those not yet evaluated), headed by what it lacks, so results can be committed while a long table still runs
     (in another process, which later reuses these evaluations). Its reports and its W&B run wait for the whole table.
+    A table whose report reads its cells' run directories refuses where committed cells have none: it would drop them.
     """
     from omegaconf import OmegaConf
 
@@ -67,12 +68,11 @@ def reproduce(
     # (unless a report reads the cells' files, which only their run directories hold)
     reused, changed = committed_cells(grid, results_dir)
     reads_files = [name for name in table.get("reports") or [] if name in READS_CELL_FILES]
-    unreadable = [c.directory.name for c in grid if reads_files and c.directory.name in reused and not c.finished]
-    if partial and unreadable:  # a partial table holds finished cells only: it would drop these committed ones
+    if partial and reads_files and reused:  # committed, not finished here: a partial table would drop them
         raise ConfigError(
             "partial",
-            f"the table's {', '.join(reads_files)} report reads its cells' run directories, which this machine lacks "
-            f"for {len(unreadable)} committed cell(s) ({', '.join(unreadable)}): a partial table here would drop "
+            f"the table's {', '.join(reads_files)} report reads its cells' run directories, and {len(reused)} "
+            f"committed cell(s) have no finished one here ({', '.join(reused)}): a partial table here would drop "
             "them from the committed one; write it where they are, or train the whole table (without partial)",
         )
     if reads_files:

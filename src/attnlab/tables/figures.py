@@ -38,11 +38,11 @@ TRADEOFF_FIGURE = "tradeoff.png"  # a table with ``tradeoff_figure: {x, y}`` com
 STANDIN_NOTE = "our columns are stand-ins on another dataset and model size: compare the pattern across variants"
 
 
-def seeds_named(seeds: pd.Series, name: Callable[[str], str], most: float | None = None) -> dict[str, str]:
-    """Each variant's label (``name``), with its seed count beside it where it has fewer seeds than ``most`` (default:
-    the most any has): in a partial table, or one whose extra seeds went to some variants only, a bar or point on
-    fewer seeds says so."""
-    most = seeds.max() if most is None else most
+def seeds_named(seeds: pd.Series, name: Callable[[str], str]) -> dict[str, str]:
+    """Each variant's label (``name``), with its seed count beside it where it has fewer seeds than the most any
+    variant has (``seeds``: per variant, the baseline left out): in a partial table, or one whose extra seeds went to
+    some variants only, a bar or point on fewer seeds says so."""
+    most = seeds.max()
     return {
         attention: name(attention) if n >= most else f"{name(attention)} ({int(n)} seed{'s' if n > 1 else ''})"
         for attention, n in seeds.items()
@@ -110,6 +110,7 @@ class TableResults:
         means = tidy[tidy["attention"] == baseline].set_index(["stage", "row", "column"])["mean"]
         units = {column["paper"]: column.get("unit", column["paper"]) for column in self.table["columns"]}
         places = list(dict.fromkeys(zip(effects["stage"], effects["row"], strict=True)))
+        # one label per variant for the whole figure: the variants table, which draws it, has one stage and row
         names = seeds_named(effects.groupby("attention")["seeds"].min(), lambda a: variant_label(self.table, a))
         panels = []
         for (stage, row, column), part in effects.groupby(["stage", "row", "column"], sort=False):
@@ -125,7 +126,7 @@ class TableResults:
             panels += self.cost_panels(pd.read_csv(costs), names)
         fewest, seeds = int(effects["seeds"].min()), int(effects["seeds"].max())
         whiskers = "its 95% t-interval" if seeds > 1 else "none (1 seed: no interval)"
-        if fewest < seeds:  # a partial table: some variants still lack seeds
+        if fewest < seeds:  # some variants have fewer seeds (a partial table, or extra seeds for some variants)
             seeds = f"{fewest}-{seeds}"
         caption = (
             f"{'; '.join(self.row(str(s), str(r)) for s, r in places)}; {seeds} seed(s)\n"
@@ -161,7 +162,7 @@ class TableResults:
 
         fewest, most = int(here["seeds"].min()), int(here["seeds"].max())
         seeds_of = here.groupby("attention")["seeds"].min()
-        short = seeds_named(seeds_of.drop(baseline, errors="ignore"), str, most)  # the points carry the short names
+        short = seeds_named(seeds_of.drop(baseline, errors="ignore"), str)  # the points carry the short names
         x = located(spec["x"], "x")
         panels = []
         for column in spec["y"]:
@@ -171,7 +172,7 @@ class TableResults:
             panels.append(TradeoffPanel(f"{column} ({units[column]})", points))
         if not panels:
             return None
-        seeds = str(most) if fewest == most else f"{fewest}-{most}"  # a partial table: some variants lack seeds
+        seeds = str(most) if fewest == most else f"{fewest}-{most}"  # a partial table, or extra seeds for some
         caption = f"{self.row(str(place['stage']), str(place['row']))}; mean over {seeds} seed(s) per point"
         if fewest < most:
             caption += f" ({baseline}'s mean plus the difference paired by seed)"
