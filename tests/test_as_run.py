@@ -233,7 +233,7 @@ def test_a_partial_table_takes_another_tables_committed_cells_without_training(
     runs = pd.read_csv(results / "variants" / "cpu_long" / "runs.csv")
     assert runs["row"].unique().tolist() == ["from scratch"]
     assert runs["perplexity"].tolist() == committed["perplexity"].tolist()
-    shared = [json.loads(line) for line in lines if json.loads(line)["name"] in names]
+    shared = [cell for cell in map(json.loads, lines) if cell["name"] in names]
     assert [line["digest"] for line in shared] == [
         line["digest"] for line in read_cells(results / "variants" / "cpu_long").values()
     ]

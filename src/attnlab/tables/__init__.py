@@ -68,14 +68,14 @@ def reproduce(
     # (unless a report reads the cells' files, which only their run directories hold)
     reused, changed = committed_cells(grid, results_dir)
     reads_files = [name for name in table.get("reports") or [] if name in READS_CELL_FILES]
-    if partial and reads_files and reused:  # committed, not finished here: a partial table would drop them
-        raise ConfigError(
-            "partial",
-            f"the table's {', '.join(reads_files)} report reads its cells' run directories, and {len(reused)} "
-            f"committed cell(s) have no finished one here ({', '.join(reused)}): a partial table here would drop "
-            "them from the committed one; write it where they are, or train the whole table (without partial)",
-        )
     if reads_files:
+        if partial and reused:  # committed, not finished here: a partial table would drop them
+            raise ConfigError(
+                "partial",
+                f"the table's {', '.join(reads_files)} report reads its cells' run directories, and {len(reused)} "
+                f"committed cell(s) have no finished one here ({', '.join(reused)}): a partial table here would drop "
+                "them from the committed one; write it where they are, or train the whole table (without partial)",
+            )
         changed |= {
             name: f"{name} (the table's {', '.join(reads_files)} report reads its run directory)" for name in reused
         }
