@@ -224,12 +224,12 @@ def test_a_partial_table_takes_another_tables_committed_cells_without_training(
         partial=True,
     )
     grid = Engine(load_table("variants", ROOT), "cpu_long", root=ROOT, runs_dir=tmp_path / "runs").cells()
-    assert len(grid) == 36  # 10 variants x 3 seeds, and seeds 4-5 of G1, softpick and vanilla
+    assert len(grid) == 38  # 10 variants x 3 seeds, and seeds 4-5 of G1, softpick, gated and vanilla
     names = {cell.directory.name for cell in grid}
     committed = pd.read_csv(RESULTS / "outliers" / "cpu_long" / "runs.csv")
-    committed = committed[[Path(run).name in names for run in committed["run"]]]  # its seeds 4-5 of gated are not
+    committed = committed[[Path(run).name in names for run in committed["run"]]]
     assert (committed["attention"] == "vanilla").sum() >= 3
-    assert f"**Partial: {len(committed)} of 36 cells**" in markdown
+    assert f"**Partial: {len(committed)} of {len(grid)} cells**" in markdown
     runs = pd.read_csv(results / "variants" / "cpu_long" / "runs.csv")
     assert runs["row"].unique().tolist() == ["from scratch"]
     assert runs["perplexity"].tolist() == committed["perplexity"].tolist()
