@@ -224,7 +224,7 @@ def test_a_partial_table_takes_another_tables_committed_cells_without_training(
         partial=True,
     )
     grid = Engine(load_table("variants", ROOT), "cpu_long", root=ROOT, runs_dir=tmp_path / "runs").cells()
-    assert len(grid) == 38  # 10 variants x 3 seeds, and seeds 4-5 of G1, softpick, gated and vanilla
+    assert len(grid) == 40  # 10 variants x 3 seeds, and seeds 4-5 of G1, softpick, gated, softmax1 and vanilla
     names = {cell.directory.name for cell in grid}
     committed = pd.read_csv(RESULTS / "outliers" / "cpu_long" / "runs.csv")
     committed = committed[[Path(run).name in names for run in committed["run"]]]
