@@ -13,7 +13,7 @@ from experiments import readme_numbers, readme_sample
 
 from attnlab import report
 from attnlab.errors import ConfigError
-from tests.conftest import ROOT
+from tests.conftest import ROOT, user_environment
 
 
 def test_readme_samples_are_the_recorded_runs_rendered() -> None:
@@ -144,13 +144,14 @@ def test_the_readme_sample_is_the_record_of_its_processor() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_make_train_still_prints_the_recorded_numbers(tmp_path: Path) -> None:
-    """`make train`'s command (no overrides but where it writes) gives the perplexities recorded for this processor
-    model, to the README's one decimal; on a processor with no record, the unigram baseline exactly (it is counted,
-    not trained) and the validation perplexity within 1% of the README's (measured processors differ by 0.3%)."""
+    """`make train`'s command (no overrides but where it writes; the user's thread count, not a test worker's share)
+    gives the perplexities recorded for this processor model, to the README's one decimal; on a processor with no
+    record, the unigram baseline exactly (it is counted, not trained) and the validation perplexity within 1% of the
+    README's (measured processors differ by 0.3%)."""
     recorded = json.loads((readme_sample.RECORDS / "train.json").read_text())
     command = [sys.executable, "train.py", f"hydra.run.dir={tmp_path}/run", f"paths.cache_dir={tmp_path}/cache"]
     command += ["callbacks.progress_bar.refresh_rate=0", "print_config=false"]  # what is shown, not what is computed
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=3500)
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=3500, env=user_environment())
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert [results[k] for k in ("steps", "run_tokens", "parameters")] == [
