@@ -15,7 +15,8 @@ TEST_WORKERS ?= auto
 # its committed runs.csv: no training, no evaluation), PARTIAL=1 (write it from the cells trained so far, while the
 # run goes on elsewhere: no training)
 # TEST_WORKERS: pytest-xdist workers for `make test` (auto: one per core, at most 8; 0: none). `make test-slow` runs in
-# one process: its timed signal tests and make train's recorded numbers need the machine to themselves
+# one process: make train's recorded numbers are timed on idle cores, and a table's SIGINT at a cell's start was lost in
+# 2 of 2 runs under xdist (1 of 4 in one process: an open race)
 TABLE = $(PY) experiments/reproduce_table.py scale=$(SCALE) force=$(if $(FORCE),true,false) "args='$(ARGS)'" \
 	"launcher='$(LAUNCHER)'" render_only=$(if $(RENDER),true,false) partial=$(if $(PARTIAL),true,false)
 
