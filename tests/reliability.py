@@ -45,10 +45,19 @@ def train(overrides: list[str], run_dir: Path, cache_dir: Path, **kwargs) -> sub
     )
 
 
-def train_until(overrides: list[str], run_dir: Path, cache_dir: Path, line: str, sig: signal.Signals) -> str:
-    """Start train.py, send ``sig`` once its output contains ``line``; returns everything it printed."""
+def as_background_job(command: list[str]) -> list[str]:
+    """``command`` started as a script's ``command &`` starts it (without job control): with SIGINT ignored."""
+    return ["bash", "-c", 'trap "" INT; exec "$@"', "bash", *command]
+
+
+def train_until(
+    overrides: list[str], run_dir: Path, cache_dir: Path, line: str, sig: signal.Signals, background: bool = False
+) -> str:
+    """Start train.py (``background``: as a script's background job), send ``sig`` once its output contains ``line``;
+    returns everything it printed."""
+    command = train_command(overrides, run_dir, cache_dir)
     proc = subprocess.Popen(
-        train_command(overrides, run_dir, cache_dir),
+        as_background_job(command) if background else command,
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -32,6 +32,14 @@ def test_a_signal_saves_the_current_step_and_exits_non_zero(
     assert not (tmp_path / "results.json").exists()
 
 
+def test_ctrl_c_before_training_stops_a_run_started_in_the_background(tmp_path: Path, data_cache: Path) -> None:
+    """A script's background job starts with SIGINT ignored; a ``kill -INT`` while the run builds its model (before
+    training, where its own handler takes over) was ignored and the run trained to its end."""
+    output = train_until(["trainer.max_steps=500"], tmp_path, data_cache, "parameters; attention=", signal.SIGINT, True)
+    assert "[exit 130]" in output and "Traceback" not in output
+    assert not (tmp_path / "results.json").exists()
+
+
 def test_nan_stops_before_the_update_and_keeps_the_last_finite_checkpoint(tmp_path: Path, data_cache: Path) -> None:
     done = train(
         ["optim.lr=1e6", "optim.warmup_steps=1", "callbacks.last_checkpoint.every_n_train_steps=1"],

@@ -27,6 +27,7 @@ from attnlab.tables import reproduce
 from attnlab.tables.as_run import read_cells
 from attnlab.tables.engine import Engine
 from attnlab.tables.stats import OPPOSITE, REPRODUCES, SMALLER, UNRESOLVED, decide, paired_test
+from tests.reliability import as_background_job
 from tests.wandb_offline import wandb_runs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -290,18 +291,42 @@ def test_a_bad_override_stops_the_table_before_any_cell_launches(tmp_path: Path)
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
+def test_a_sweep_handles_sigint_though_its_engine_started_with_it_ignored(tmp_path: Path) -> None:
+    """An engine started as a script's background job ignores SIGINT; a sweep that inherited that dropped the Ctrl-C
+    the engine passed on until its training began, and trained on where it began sooner (the sweep's own ``main``
+    resets it too: this is the engine's share)."""
+    from attnlab.tables.engine import run_sweep
+
+    report = tmp_path / "sigint"
+    probe = f"import pathlib, signal; pathlib.Path({str(report)!r}).write_text(repr(signal.getsignal(signal.SIGINT)))"
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        run_sweep([sys.executable, "-c", probe], tmp_path)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert report.read_text() == repr(signal.default_int_handler)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize(
+    ("sig", "background"), [(signal.SIGINT, False), (signal.SIGINT, True), (signal.SIGTERM, False)]
+)
 def test_a_signal_to_a_table_stops_its_training_and_is_one_line(
-    sig: signal.Signals, tmp_path: Path, data_cache: Path
+    sig: signal.Signals, background: bool, tmp_path: Path, data_cache: Path
 ) -> None:
     """Ctrl-C at the terminal (SIGINT to the engine's process group) or SIGTERM to the engine alone, while a cell
     trains: the engine passes it on, waits for the sweep to save and stop, says what was interrupted and how to
-    resume, and exits 128 + the signal; no training process outlives it and no later cell starts."""
+    resume, and exits 128 + the signal; no training process outlives it and no later cell starts. ``background``:
+    the table started as a script's background job, with SIGINT ignored (its sweeps inherited that and trained on)."""
     command = [sys.executable, "experiments/reproduce_table.py", "table=table3", "scale=smoke"]
     command += [f"runs_dir={tmp_path}/runs", f"results_dir={tmp_path}/results", f"args='paths.cache_dir={data_cache}'"]
     process = subprocess.Popen(
-        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        as_background_job(command) if background else command,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     deadline = time.monotonic() + 300
     while not list((tmp_path / "runs").glob("*/.hydra")) and time.monotonic() < deadline:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,6 +20,13 @@ def reproducible_kernels() -> None:
         pin_cpu_kernels()
     except ConfigError as exc:
         raise SystemExit(f"error: {exc}") from None
+
+
+def ctrl_c_stops() -> None:
+    """Ctrl-C (SIGINT) stops the command however it was started. A script's background job (``cmd &``) starts with
+    SIGINT ignored and Python keeps that, so a ``kill -INT`` was ignored while the data was prepared and honoured
+    once training ran (``CtrlCAtStepEnd`` installs its own handler), and the table engine's sweeps inherited it."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @contextmanager

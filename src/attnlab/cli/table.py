@@ -11,7 +11,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 import attnlab.resolvers  # noqa: F401  (registers ${run_id:} and ${cell_dir:})
-from attnlab.cli import reproducible_kernels
+from attnlab.cli import ctrl_c_stops, reproducible_kernels
 from attnlab.configs import config_source, run_hydra
 from attnlab.errors import ConfigError
 
@@ -67,6 +67,7 @@ def stop_on_sigterm(_signal_number: int, _frame: object) -> None:
 def main(config_dir: str | None = None) -> None:
     """``config_dir``: the script's own ``experiments/conf``; by default the checkout's, else the installed one."""
     reproducible_kernels()
+    ctrl_c_stops()
     source = config_dir or config_source("experiments/conf")
     run_hydra(source, "reproduce_table", task)
 

@@ -9,7 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import attnlab.resolvers  # noqa: F401  (registers ${run_id:} before Hydra composes the config)
 import hydra_plugins.attnlab_launcher  # noqa: F401  (hydra/launcher=joblib is ours on purpose: no schema warning)
-from attnlab.cli import one_line_errors, reproducible_kernels
+from attnlab.cli import ctrl_c_stops, one_line_errors, reproducible_kernels
 from attnlab.configs import config_source, run_hydra
 from attnlab.errors import interrupted
 
@@ -42,6 +42,7 @@ def task(cfg: DictConfig) -> float | None:
 def main(config_dir: str | None = None) -> None:
     """``config_dir``: train.py's own ``conf/``; by default the checkout's, else the installed package's."""
     reproducible_kernels()
+    ctrl_c_stops()
     try:
         run_hydra(config_dir or config_source("conf"), "train", task)
     except KeyboardInterrupt:  # inside the training loop a signal is the run's own stop; this is outside it

@@ -93,18 +93,29 @@ def run_sweep(command: list[str], cwd: Path) -> None:
     """Run one training sweep to its end. The sweep gets its own process group, so a Ctrl-C at the terminal reaches
     the engine alone and is passed on once (a second SIGINT would cut short the cell's last checkpoint write); a
     SIGINT or SIGTERM to the engine is passed on the same way and waited for, so the cell saves its last.ckpt and no
-    training outlives the table. A sweep that a signal stopped (exit status 128 + the signal) stops the table too."""
-    process = subprocess.Popen(command, cwd=cwd, process_group=0)
+    training outlives the table. A sweep that a signal stopped (exit status 128 + the signal) stops the table too.
+
+    The handlers are set before the sweep starts, so a signal in between is passed on once it has started instead of
+    stopping the engine alone (the sweep, in its own group, trained on), and the sweep starts with the default
+    handling of both (exec resets a caught signal), not with the ignored SIGINT of an engine started as a script's
+    background job (its sweeps then ignored a Ctrl-C until their training began)."""
+    sweep: list[subprocess.Popen] = []
     received: list[int] = []
+    passed_on: list[int] = []
 
     def forward(signal_number: int, _frame: object) -> None:
         received.append(signal_number)
-        process.send_signal(signal_number)
+        if sweep:
+            passed_on.append(signal_number)
+            sweep[0].send_signal(signal_number)
 
     in_main_thread = threading.current_thread() is threading.main_thread()  # only it may set signal handlers
     previous = {s: signal.signal(s, forward) for s in STOP_SIGNALS} if in_main_thread else {}
     try:
-        status = process.wait()
+        sweep.append(subprocess.Popen(command, cwd=cwd, process_group=0))
+        if received and not passed_on:  # before it had started
+            sweep[0].send_signal(received[0])
+        status = sweep[0].wait()
     finally:
         for signal_number, handler in previous.items():
             signal.signal(signal_number, handler)
