@@ -387,7 +387,7 @@ def test_a_bad_claim_is_one_line_naming_its_key(change: dict, key: str) -> None:
 def test_a_claim_without_a_paired_difference_says_why() -> None:
     """A claim on a column the baseline's cells never measured (cells shared from a table that predates the metric)
     says so, not that the variant did not run; a variant a partial table still trains has no paired cells yet; one
-    the scale leaves out is not run at this scale."""
+    the scale leaves out is not run at this scale; one paired in a single seed has its difference and no interval."""
     data = with_derived(records([4.0, 4.5, 4.1], w8a8_gap=0.5))
     for record in data:
         if record["attention"] == "vanilla":
@@ -405,3 +405,6 @@ def test_a_claim_without_a_paired_difference_says_why() -> None:
     assert (
         ours(done, "c is better") == "not run at this scale" and ours(partial, "c is better") == "no paired cells yet"
     )
+    one_seed = [r for r in data if r["attention"] != "a" or r["seed"] == 1]  # a partial table: a's first seed
+    markdown = to_markdown(summarise(one_seed, table, "cpu"), effects(one_seed, table, "cpu"), table, "cpu", None)
+    assert ours(markdown, "a is better") == "-1.01 (one seed: no interval)"  # not [-inf, +inf]

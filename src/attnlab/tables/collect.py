@@ -585,9 +585,15 @@ def claims_markdown(effect: pd.DataFrame, table: dict[str, Any], why_unpaired: C
             ours = why_unpaired(variant, column)
             rows.append(said | {"ours": ours, "ours %": "-", "verdict": "-", "verdict (Holm)": "-"})
         for result in found.itertuples(index=False):
+            bounds = (result.ci_low, result.ci_high)
+            spread = (
+                f"[{bounds[0]:+.3g}, {bounds[1]:+.3g}]"
+                if all(map(math.isfinite, bounds))
+                else "(one seed: no interval)"
+            )
             rows.append(
                 said
-                | {"ours": f"{result.diff:+.4g} [{result.ci_low:+.3g}, {result.ci_high:+.3g}]"}
+                | {"ours": f"{result.diff:+.4g} {spread}"}
                 | {"ours %": percent(result.diff_pct), "verdict": result.verdict, "verdict (Holm)": result.verdict_holm}
             )
     return [
