@@ -17,6 +17,8 @@ XDIST = -n $(TEST_WORKERS) --maxprocesses=8 --dist loadscope
 # run goes on elsewhere: no training)
 # TEST_WORKERS: pytest-xdist workers for `make test` and `make test-slow` (auto: one per core, at most 8; 0: none);
 # loadscope keeps a module's tests on one worker, so a module's fixture (the smoke table) is built once
+# test-slow hands out its modules in collection order (--no-loadscope-reorder), where tests/conftest.py puts those
+# holding a `long` test first; xdist's own order (most tests first) started a ten-minute test last
 TABLE = $(PY) experiments/reproduce_table.py scale=$(SCALE) force=$(if $(FORCE),true,false) "args='$(ARGS)'" \
 	"launcher='$(LAUNCHER)'" render_only=$(if $(RENDER),true,false) partial=$(if $(PARTIAL),true,false)
 
@@ -48,7 +50,7 @@ test: $(STAMP)  ## the default test suite (3,630 tests: ~21 min on 2 cores, a py
 	$(PY) -m pytest -q $(XDIST) $(ARGS)
 
 test-slow: $(STAMP)  ## the slow tests: longer CPU training runs per variant, kill/resume, signals, make train's numbers, the wheel, plugins, the report in Chromium, the GPU script's sweep mode, the local SLURM cluster (104 tests; 35 min on 2 cores, a worker per core, make train's numbers the last ~17 of them, 2026-11-30)
-	$(PY) -m pytest -q -m slow $(XDIST) $(ARGS)
+	$(PY) -m pytest -q -m slow $(XDIST) --no-loadscope-reorder $(ARGS)
 
 lint: $(STAMP)  ## ruff check and ruff format --check (what .pre-commit-config.yaml runs on each commit)
 	$(VENV)/bin/ruff check .

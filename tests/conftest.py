@@ -55,6 +55,19 @@ share_cores_among_workers()
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 
+
+def long_modules_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The modules holding a `long` test, then the rest, each in collection order: `make test-slow` hands whole
+    modules to its workers in this order, and a test of ten minutes started last keeps one worker busy long after the
+    other has finished (CI's slow suite ended on `make train`'s numbers test, alone, for ~17 minutes)."""
+    long_modules = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("long")}
+    return sorted(items, key=lambda item: item.nodeid.split("::")[0] not in long_modules)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items[:] = long_modules_first(items)
+
+
 # A model small enough that a CPU step takes milliseconds.
 MICRO_MODEL = ["model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=64"]
 MICRO_DATA = ["data.block_size=32", "data.batch_size=4", "data.tokenizer_vocab_size=512"]

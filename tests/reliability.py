@@ -76,10 +76,10 @@ def train_until(
     return "".join(seen)
 
 
-def step_losses(run_dir: Path) -> dict[int, float]:
-    """``{step: train/loss}`` from the run's csv/metrics.csv."""
+def step_losses(run_dir: Path, column: str = "train/loss") -> dict[int, float]:
+    """``{step: train/loss}`` (or another ``column``) from the run's csv/metrics.csv."""
     rows = csv.DictReader((run_dir / "csv" / "metrics.csv").open())
-    return {int(r["step"]): float(r["train/loss"]) for r in rows if r.get("train/loss")}
+    return {int(r["step"]): float(r[column]) for r in rows if r.get(column)}
 
 
 class SigintMidStep(Callback):
@@ -92,6 +92,21 @@ class SigintMidStep(Callback):
     def on_before_optimizer_step(self, trainer: object, pl_module: object, optimizer: object) -> None:
         if trainer.global_step + 1 == self.step:
             os.kill(os.getpid(), signal.SIGINT)
+
+
+class SigtermMidValidation(Callback):
+    """Sends this process SIGTERM after the first batch of the validation at optimizer step ``step``, with more of its
+    batches to come: a scheduler's stop landing in a validation
+    (``+callbacks.sigterm._target_=tests.reliability.SigtermMidValidation +callbacks.sigterm.step=10``)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_validation_batch_end(
+        self, trainer: object, pl_module: object, outputs: object, batch: object, batch_idx: int
+    ) -> None:
+        if not trainer.sanity_checking and trainer.global_step == self.step and batch_idx == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
 class SigkillSweepJob(Callback):

@@ -142,6 +142,7 @@ def test_the_readme_sample_is_the_record_of_its_processor() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(3600)
 def test_make_train_still_prints_the_recorded_numbers(tmp_path: Path) -> None:
     """`make train`'s command (no overrides but where it writes; the user's thread count, not a test worker's share)

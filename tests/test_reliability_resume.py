@@ -73,3 +73,30 @@ def test_ctrl_c_mid_step_then_resume_repeats_the_uninterrupted_losses(
     resumed = train(["trainer.max_steps=16", f"ckpt_path={first}/checkpoints/last.ckpt"], second, data_cache)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert step_losses(second) == {s: uninterrupted[s] for s in range(6, 16)}
+
+
+def test_a_validation_a_sigterm_cut_short_is_made_on_resume(tmp_path: Path, data_cache: Path) -> None:
+    """SIGTERM in the validation of step 10 (one of its two batches done) stops the run with step 10 saved; the resumed
+    run validates step 10 before it trains on, so the curves miss no point: the validation and the outlier and sink
+    measurements at every interval, the same numbers as a run never stopped. (Lightning resumes past a validation it
+    was stopped in, as if it had been made.)"""
+    measured = ["val/loss", "outliers/kurtosis_max", "sinks/sink_share"]
+    run = ["trainer.max_steps=16", "callbacks.outlier_monitor.sinks=true"]
+    never_stopped = tmp_path / "never_stopped"
+    done = train(run, never_stopped, data_cache)
+    assert done.returncode == 0, done.stderr[-3000:]
+    first, second = tmp_path / "first", tmp_path / "second"
+    mid_validation = [
+        "+callbacks.sigterm._target_=tests.reliability.SigtermMidValidation",
+        "+callbacks.sigterm.step=10",
+    ]
+    stopped = train([*run, *mid_validation], first, data_cache)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+    assert torch.load(first / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 10
+    resumed = train([*run, f"ckpt_path={first}/checkpoints/last.ckpt"], second, data_cache)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    for column in measured:
+        expected = step_losses(never_stopped, column)
+        assert 9 in expected, column  # the validation after step 10 (each is logged at its step's index)
+        assert step_losses(second, column) == {step: value for step, value in expected.items() if step >= 9}, column
+    assert step_losses(second) == {step: loss for step, loss in step_losses(never_stopped).items() if step >= 10}

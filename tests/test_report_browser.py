@@ -27,6 +27,7 @@ def browse(*args: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(1800)
 @pytest.mark.skipif(BROWSER is None, reason="no Chromium: `apt-get install chromium` (Debian's package) to run it")
 def test_the_report_renders_in_a_browser_with_every_table_and_figure(tmp_path: Path) -> None:

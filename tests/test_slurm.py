@@ -318,6 +318,7 @@ def test_a_job_that_keeps_being_requeued_stops_and_the_summary_names_it(
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_table_runs_its_cells_as_slurm_jobs_and_a_rerun_submits_nothing(cluster: SimpleNamespace, data_cache: Path):
     """The README's ``make reproduce-table3 SCALE=smoke LAUNCHER=slurm`` (its command, into temporary directories)."""
     words = shlex.split(readme_line("make reproduce-table3"))

@@ -447,9 +447,9 @@ def to_markdown(
     return "\n".join(lines) + "\n"
 
 
-def interval(low: float, high: float) -> str:
-    """``[-0.120, +0.031]``; ``-`` where there is none (one seed)."""
-    return "-" if not (math.isfinite(low) and math.isfinite(high)) else f"[{low:+.3f}, {high:+.3f}]"
+def interval(low: float, high: float, digits: str = ".3f", none: str = "-") -> str:
+    """``[-0.120, +0.031]``; ``none`` where there is no interval (one seed): the effects and the claims tables."""
+    return none if not (math.isfinite(low) and math.isfinite(high)) else f"[{low:+{digits}}, {high:+{digits}}]"
 
 
 def maybe(values: pd.Series) -> pd.Series:
@@ -585,12 +585,7 @@ def claims_markdown(effect: pd.DataFrame, table: dict[str, Any], why_unpaired: C
             ours = why_unpaired(variant, column)
             rows.append(said | {"ours": ours, "ours %": "-", "verdict": "-", "verdict (Holm)": "-"})
         for result in found.itertuples(index=False):
-            bounds = (result.ci_low, result.ci_high)
-            spread = (
-                f"[{bounds[0]:+.3g}, {bounds[1]:+.3g}]"
-                if all(map(math.isfinite, bounds))
-                else "(one seed: no interval)"
-            )
+            spread = interval(result.ci_low, result.ci_high, ".3g", "(one seed: no interval)")
             rows.append(
                 said
                 | {"ours": f"{result.diff:+.4g} {spread}"}

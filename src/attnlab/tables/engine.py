@@ -99,23 +99,24 @@ def run_sweep(command: list[str], cwd: Path) -> None:
     stopping the engine alone (the sweep, in its own group, trained on), and the sweep starts with the default
     handling of both (exec resets a caught signal), not with the ignored SIGINT of an engine started as a script's
     background job (its sweeps then ignored a Ctrl-C until their training began)."""
-    sweep: list[subprocess.Popen] = []
+    sweep: subprocess.Popen | None = None
     received: list[int] = []
-    passed_on: list[int] = []
+    passed_on = False
 
     def forward(signal_number: int, _frame: object) -> None:
+        nonlocal passed_on
         received.append(signal_number)
-        if sweep:
-            passed_on.append(signal_number)
-            sweep[0].send_signal(signal_number)
+        if sweep is not None:
+            passed_on = True
+            sweep.send_signal(signal_number)
 
     in_main_thread = threading.current_thread() is threading.main_thread()  # only it may set signal handlers
     previous = {s: signal.signal(s, forward) for s in STOP_SIGNALS} if in_main_thread else {}
     try:
-        sweep.append(subprocess.Popen(command, cwd=cwd, process_group=0))
+        sweep = subprocess.Popen(command, cwd=cwd, process_group=0)
         if received and not passed_on:  # before it had started
-            sweep[0].send_signal(received[0])
-        status = sweep[0].wait()
+            sweep.send_signal(received[0])
+        status = sweep.wait()
     finally:
         for signal_number, handler in previous.items():
             signal.signal(signal_number, handler)

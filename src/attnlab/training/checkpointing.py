@@ -21,10 +21,13 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from attnlab.errors import require
 from attnlab.files import write_atomic
+
+VALIDATION_PROGRESS = "epoch_loop.val_loop.batch_progress"  # the fit loop's validation batches in a checkpoint
 
 
 class CheckpointWriteError(OSError):
@@ -90,6 +93,7 @@ class LastCheckpoint(ModelCheckpoint):
         )
         self.every_seconds = None if every_minutes is None else timedelta(minutes=every_minutes).total_seconds()
         self._last_save_time = time.monotonic()
+        self._validation_cut = False  # a stop came inside a validation of fit: the save being made is its step's
 
     @property
     def state_key(self) -> str:
@@ -139,18 +143,28 @@ class LastCheckpoint(ModelCheckpoint):
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if isinstance(exception, NonFiniteError | CheckpointWriteError) or trainer.global_step == 0:
             return  # keep the last finite (and complete) checkpoint as it is
-        try:
-            self.save_last_now(trainer)
+        self._validation_cut = trainer.state.fn == TrainerFn.FITTING and trainer.validating
+        try:  # a step saved before its validation was cut is saved again: that save resumes past the validation
+            self.save_last_now(trainer, even_if_saved=self._validation_cut)
         except Exception as failure:  # the run's own exception is what to report; a failed save must not replace it
             # (FSDP's optimizer state cannot be gathered after a crash inside its forward: H100, 2026-11-22)
             rank_zero_warn(
                 f"Could not save step {trainer.global_step} after {type(exception).__name__}: "
                 f"{type(failure).__name__}: {failure}; {describe_last_checkpoint(trainer)}"
             )
+        finally:
+            self._validation_cut = False
 
-    def save_last_now(self, trainer: L.Trainer) -> None:
-        """Save ``last.ckpt`` unless this step is already on disk (or the run is a fast_dev_run)."""
-        if trainer.fast_dev_run or trainer.sanity_checking or self._last_global_step_saved == trainer.global_step:
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        if self._validation_cut:
+            redo_cut_validation(checkpoint["loops"]["fit_loop"])
+
+    def save_last_now(self, trainer: L.Trainer, even_if_saved: bool = False) -> None:
+        """Save ``last.ckpt`` unless this step is already on disk (``even_if_saved``: again) or the run is a
+        fast_dev_run."""
+        if trainer.fast_dev_run or trainer.sanity_checking:
+            return
+        if self._last_global_step_saved == trainer.global_step and not even_if_saved:
             return
         self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
@@ -158,6 +172,21 @@ class LastCheckpoint(ModelCheckpoint):
         super()._save_checkpoint(trainer, filepath)
         self._last_save_time = time.monotonic()
         rank_zero_info(f"Saved step {trainer.global_step} to {filepath}")
+
+
+def redo_cut_validation(fit_loop_state: dict) -> None:
+    """Rewrite a fit loop's saved state so that the validation a stop cut short is made again on resume, whole.
+
+    Lightning stops a validation at a SIGTERM once a batch is done, and a checkpoint saved then records that batch as
+    completed; a run resumed from it counts the validation as made and trains on, so the curves lose that step's
+    validation (and the outlier and sink measurements made with it). Recorded instead as stopped inside its first
+    batch (batches ready and started one past those processed), the state Lightning restores as "restarted mid
+    evaluation", the resumed run validates that step from its first batch before it trains on."""
+    progress = fit_loop_state[VALIDATION_PROGRESS]
+    before = {key: progress["total"][key] - progress["current"][key] for key in progress["total"]}
+    progress["total"] = before | {"ready": before["ready"] + 1, "started": before["started"] + 1}
+    progress["current"] = {"ready": 1, "started": 1, "processed": 0, "completed": 0}
+    progress["is_last_batch"] = False
 
 
 class RngStates(Callback):
