@@ -75,16 +75,28 @@ def test_ctrl_c_mid_step_then_resume_repeats_the_uninterrupted_losses(
     assert step_losses(second) == {s: uninterrupted[s] for s in range(6, 16)}
 
 
-def test_a_validation_a_sigterm_cut_short_is_made_on_resume(tmp_path: Path, data_cache: Path) -> None:
+MEASURED_RUN = ["trainer.max_steps=16", "callbacks.outlier_monitor.sinks=true"]
+
+
+@pytest.fixture(scope="module")
+def never_stopped(tmp_path_factory: pytest.TempPathFactory, data_cache: Path) -> Path:
+    """A run with the outlier and sink measurements at each validation, never stopped."""
+    run_dir = tmp_path_factory.mktemp("never_stopped")
+    done = train(MEASURED_RUN, run_dir, data_cache)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run_dir
+
+
+@pytest.mark.parametrize("every", [4, 5], ids=["step-not-saved-before", "step-saved-before-its-validation"])
+def test_a_validation_a_sigterm_cut_short_is_made_on_resume(
+    every: int, never_stopped: Path, tmp_path: Path, data_cache: Path
+) -> None:
     """SIGTERM in the validation of step 10 (one of its two batches done) stops the run with step 10 saved; the resumed
     run validates step 10 before it trains on, so the curves miss no point: the validation and the outlier and sink
-    measurements at every interval, the same numbers as a run never stopped. (Lightning resumes past a validation it
-    was stopped in, as if it had been made.)"""
-    measured = ["val/loss", "outliers/kurtosis_max", "sinks/sink_share"]
-    run = ["trainer.max_steps=16", "callbacks.outlier_monitor.sinks=true"]
-    never_stopped = tmp_path / "never_stopped"
-    done = train(run, never_stopped, data_cache)
-    assert done.returncode == 0, done.stderr[-3000:]
+    measurements at every interval, the same numbers as a run never stopped. (Lightning resumed past a validation it
+    was stopped in, as if it had been made.) With last.ckpt every 5 steps, step 10 was saved before its validation
+    began: that save, too, resumed past it, so the stop saves the step again."""
+    run = [*MEASURED_RUN, f"callbacks.last_checkpoint.every_n_train_steps={every}"]
     first, second = tmp_path / "first", tmp_path / "second"
     mid_validation = [
         "+callbacks.sigterm._target_=tests.reliability.SigtermMidValidation",
@@ -95,7 +107,7 @@ def test_a_validation_a_sigterm_cut_short_is_made_on_resume(tmp_path: Path, data
     assert torch.load(first / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 10
     resumed = train([*run, f"ckpt_path={first}/checkpoints/last.ckpt"], second, data_cache)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    for column in measured:
+    for column in ["val/loss", "outliers/kurtosis_max", "sinks/sink_share"]:
         expected = step_losses(never_stopped, column)
         assert 9 in expected, column  # the validation after step 10 (each is logged at its step's index)
         assert step_losses(second, column) == {step: value for step, value in expected.items() if step >= 9}, column
