@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 
@@ -87,28 +88,37 @@ def never_stopped(tmp_path_factory: pytest.TempPathFactory, data_cache: Path) ->
     return run_dir
 
 
-@pytest.mark.parametrize("every", [4, 5], ids=["step-not-saved-before", "step-saved-before-its-validation"])
+@pytest.mark.parametrize(
+    ("stop_at", "every"),
+    [(10, 4), (10, 5), (16, 4)],
+    ids=["step-not-saved-before", "step-saved-before-its-validation", "the-last-step"],
+)
 def test_a_validation_a_sigterm_cut_short_is_made_on_resume(
-    every: int, never_stopped: Path, tmp_path: Path, data_cache: Path
+    stop_at: int, every: int, never_stopped: Path, tmp_path: Path, data_cache: Path
 ) -> None:
     """SIGTERM in the validation of step 10 (one of its two batches done) stops the run with step 10 saved; the resumed
     run validates step 10 before it trains on, so the curves miss no point: the validation and the outlier and sink
     measurements at every interval, the same numbers as a run never stopped. (Lightning resumed past a validation it
     was stopped in, as if it had been made.) With last.ckpt every 5 steps, step 10 was saved before its validation
-    began: that save, too, resumed past it, so the stop saves the step again."""
+    began: that save, too, resumed past it, so the stop saves the step again. Stopped in the validation after the last
+    step, the resumed run has nothing to train, and Lightning validated nothing: results.json had no validation."""
     run = [*MEASURED_RUN, f"callbacks.last_checkpoint.every_n_train_steps={every}"]
     first, second = tmp_path / "first", tmp_path / "second"
     mid_validation = [
         "+callbacks.sigterm._target_=tests.reliability.SigtermMidValidation",
-        "+callbacks.sigterm.step=10",
+        f"+callbacks.sigterm.step={stop_at}",
     ]
     stopped = train([*run, *mid_validation], first, data_cache)
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
-    assert torch.load(first / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 10
+    assert torch.load(first / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == stop_at
     resumed = train([*run, f"ckpt_path={first}/checkpoints/last.ckpt"], second, data_cache)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     for column in ["val/loss", "outliers/kurtosis_max", "sinks/sink_share"]:
         expected = step_losses(never_stopped, column)
-        assert 9 in expected, column  # the validation after step 10 (each is logged at its step's index)
-        assert step_losses(second, column) == {step: value for step, value in expected.items() if step >= 9}, column
-    assert step_losses(second) == {step: loss for step, loss in step_losses(never_stopped).items() if step >= 10}
+        assert stop_at - 1 in expected, column  # a validation is logged at its step's index
+        made = {step: value for step, value in expected.items() if step >= stop_at - 1}
+        assert step_losses(second, column) == made, column
+    train_losses = step_losses(never_stopped)
+    assert step_losses(second) == {step: loss for step, loss in train_losses.items() if step >= stop_at}
+    final = [json.loads((run_dir / "results.json").read_text()) for run_dir in (never_stopped, second)]
+    assert final[1]["val_loss"] == final[0]["val_loss"] and final[1]["monitor"] == final[0]["monitor"]

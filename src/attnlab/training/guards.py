@@ -103,6 +103,14 @@ class ValidateAtEnd(Callback):
             trainer.should_stop = True  # Lightning validates when a stop is requested (training_epoch_loop)
 
 
+def final_validation_missing(trainer: L.Trainer) -> bool:
+    """Whether a fit ended at its last step without validating: resumed there (a stop had cut that step's
+    validation short, or the run had finished), it trained nothing, and Lightning validates only after a step it
+    trains, so ``results.json`` would report no validation."""
+    validates = trainer.limit_val_batches != 0
+    return validates and 0 <= trainer.max_steps <= trainer.global_step and "val/loss" not in trainer.callback_metrics
+
+
 class CtrlCAtStepEnd(Callback):
     """Ctrl-C stops as SIGTERM does: it is turned into Lightning's own SIGTERM handling, which stops at the end of
     the running step, so last.ckpt holds a whole step and the resumed run repeats the uninterrupted losses (a bare

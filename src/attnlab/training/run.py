@@ -39,7 +39,7 @@ from attnlab.run_directory import (
 from attnlab.slurm import cluster_plugins
 from attnlab.training.callbacks import TokenThroughput
 from attnlab.training.checkpointing import last_checkpoint_path
-from attnlab.training.guards import stop_cleanly
+from attnlab.training.guards import final_validation_missing, stop_cleanly
 from attnlab.training.loggers import log_results, logged_config
 from attnlab.training.module import LanguageModel
 from attnlab.validation import validate_train_config
@@ -204,6 +204,8 @@ def run(cfg: DictConfig, evaluate: Evaluation | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     with stop_cleanly(trainer):  # signals, NaN, failed writes -> RunStopped naming the saved step
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"), weights_only=True)
+        if final_validation_missing(trainer):
+            trainer.validate(module, datamodule=datamodule, verbose=False)
     seconds = time.perf_counter() - started
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if torch.as_tensor(v).numel() == 1}
