@@ -95,11 +95,16 @@ class NonFiniteGuard(Callback):
         raise NonFiniteError(step, what)
 
 
+def at_last_step(trainer: L.Trainer) -> bool:
+    """Whether the fit has made its last optimizer step (``max_steps`` -1: no step limit)."""
+    return 0 <= trainer.max_steps <= trainer.global_step
+
+
 class ValidateAtEnd(Callback):
     """Ask for a validation after the last optimizer step, so the final metrics are the final model's."""
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: object, **kwargs: object) -> None:
-        if 0 <= trainer.max_steps <= trainer.global_step:
+        if at_last_step(trainer):
             trainer.should_stop = True  # Lightning validates when a stop is requested (training_epoch_loop)
 
 
@@ -108,7 +113,7 @@ def final_validation_missing(trainer: L.Trainer) -> bool:
     validation short, or the run had finished), it trained nothing, and Lightning validates only after a step it
     trains, so ``results.json`` would report no validation."""
     validates = trainer.limit_val_batches != 0
-    return validates and 0 <= trainer.max_steps <= trainer.global_step and "val/loss" not in trainer.callback_metrics
+    return validates and at_last_step(trainer) and "val/loss" not in trainer.callback_metrics
 
 
 class CtrlCAtStepEnd(Callback):
