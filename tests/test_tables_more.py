@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from attnlab.cells import cell_name
+from attnlab.cells import cell_name, identity
 from attnlab.errors import ConfigError
 from attnlab.tables import load_table, reproduce
 from attnlab.tables.collect import column_map
@@ -285,6 +285,21 @@ def test_a_fine_tune_cell_is_named_by_its_start() -> None:
         cell_name(engine.compose([*overrides, "model.init_from=/z/cell-a/checkpoints/last.ckpt"]))
         == names["/x/runs/cell-a/checkpoints/last.ckpt"]
     )
+
+
+@pytest.mark.parametrize(("name", "scale"), [("table3", "cpu"), ("variants", "cpu_long")])
+def test_seeds_sharing_a_composition_are_the_cells_each_would_compose_alone(name: str, scale: str) -> None:
+    """A variant's seeds share one composition (seed and fine-tune start set in place): every cell's name, identity,
+    data cache and W&B project are those its own overrides compose to, fine-tune starts (table3 at cpu) and extra
+    seeds (variants at cpu_long) included."""
+    engine = Engine(load_table(name, ROOT), scale, root=ROOT, runs_dir=Path("/unused"))
+    cells = engine.cells()
+    assert len({cell.seed for cell in cells}) >= 3 and len({cell.directory for cell in cells}) == len(cells)
+    for cell in cells:
+        alone = engine.compose(list(cell.overrides))
+        assert (cell.directory.name, cell.identity) == (cell_name(alone), identity(alone))
+        wandb = (alone.get("logger") or {}).get("wandb")
+        assert (cell.cache_dir, cell.wandb_project) == (str(alone.paths.cache_dir), wandb.project if wandb else None)
 
 
 def test_a_long_table_says_which_cells_it_trains_and_the_time_left(

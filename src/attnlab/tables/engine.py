@@ -10,6 +10,7 @@ Hydra launcher (``hydra/launcher=slurm``, ``joblib``) spreads them with no code 
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import signal
@@ -147,6 +148,19 @@ class Cell:
     @property
     def checkpoint(self) -> Path:
         return self.directory / LAST_CHECKPOINT
+
+
+def other_seed(composed: DictConfig, seed: int, start: list[str]) -> DictConfig:
+    """``composed`` (a cell's config) as another seed's cell of the same variant composes it: its ``seed`` and, in a
+    fine-tune stage, its start ``model.init_from=<checkpoint>`` replaced; an explicit ``seed=...`` in the table's own
+    overrides is overridden by the cell's, as on the command line."""
+    cfg = copy.deepcopy(composed)
+    with open_dict(cfg):
+        cfg.seed = seed
+        for override in start:
+            key, _, value = override.partition("=")
+            OmegaConf.update(cfg, key, value, merge=False)
+    return cfg
 
 
 @dataclass
@@ -293,22 +307,29 @@ class Engine:
         ]
 
     def cells(self) -> list[Cell]:
-        """Every cell of every stage, in stage order; composing them also validates the whole table's config."""
+        """Every cell of every stage, in stage order; composing them also validates the whole table's config.
+        Composing is slow (~0.3 s), so a variant's seeds share one composition: the others differ from the first seed's
+        config only in ``seed`` and in a fine-tune's start (``model.init_from``), values set in place."""
         cells: dict[tuple, Cell] = {}
         for stage in self.stages():
             variants = self.variants(stage)
             for row, model in self.rows(stage).items():
                 for attention in variants:
+                    first = None
                     for seed in self.seeds(attention):
+                        start = self.init_source(stage, cells, row, seed)
                         overrides = [
                             *self.stage_overrides(stage, model),
-                            *self.init_source(stage, cells, row, seed),
+                            *start,
                             f"model={model}",
                             f"attention={attention}",
                             *self.variant_overrides(attention),
                             f"seed={seed}",
                         ]
-                        cfg = self.compose(overrides)  # composing is slow (~0.5 s): once per cell
+                        if first is None:
+                            cfg = first = self.compose(overrides)
+                        else:
+                            cfg = other_seed(first, seed, start)
                         # a bad value (ARGS included) stops the table before any launch; devices and start
                         # checkpoints are the launcher's and the earlier stage's to provide
                         validate_train_config(cfg, check_machine=False)
