@@ -30,6 +30,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory, data_cache: Path) -> tuple
     return project, results
 
 
+@pytest.mark.slow
 def test_train_returns_its_results_and_writes_the_run_as_the_console_script_does(trained: tuple[Path, dict]) -> None:
     project, results = trained
     run = Path(results["output_dir"])
@@ -45,6 +46,7 @@ def test_a_bad_value_raises_before_anything_is_written(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_each_call_is_its_own_run_and_last_resumes_into_a_new_one(trained: tuple[Path, dict], data_cache: Path) -> None:
     """A notebook or a Python sweep trains several times in one process: every call gets a run id (a directory) of
     its own, and ``ckpt_path=last`` continues the newest run in a new directory, leaving the old one as it was."""
@@ -69,6 +71,7 @@ def test_each_call_is_its_own_run_and_last_resumes_into_a_new_one(trained: tuple
     assert json.loads((runs[1] / "results.json").read_text())["steps"] == 3
 
 
+@pytest.mark.slow
 def test_errors_are_config_errors_naming_the_key(trained: tuple[Path, dict], tmp_path: Path) -> None:
     """What the command line prints as one line, the library raises as ``ConfigError`` (never ``SystemExit``)."""
     project, results = trained
@@ -87,6 +90,7 @@ def test_errors_are_config_errors_naming_the_key(trained: tuple[Path, dict], tmp
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_evaluate_a_run_directory(trained: tuple[Path, dict], data_cache: Path) -> None:
     project, results = trained
     overrides = ["eval=quick", "limit=2", *PASSKEY, "print_config=false", f"paths.root_dir={project}"]
@@ -98,6 +102,7 @@ def test_evaluate_a_run_directory(trained: tuple[Path, dict], data_cache: Path) 
     assert evaluation["summary"]["heldout_word_ppl"] > 1 and (out.parent / "evaluate.log").is_file()
 
 
+@pytest.mark.slow
 def test_load_our_checkpoint_and_an_hf_directory(trained: tuple[Path, dict], tmp_path: Path) -> None:
     _, results = trained
     model, tokenizer = attnlab.load(results["output_dir"])  # a run directory: its last.ckpt

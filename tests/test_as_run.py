@@ -36,6 +36,7 @@ def results_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize(("name", "scale"), COMMITTED, ids=[f"{n}-{s}" for n, s in COMMITTED])
+@pytest.mark.slow
 def test_a_committed_table_renders_from_its_records_byte_for_byte(name: str, scale: str, results_copy: Path) -> None:
     """``RENDER=1``: the Markdown and every CSV follow from the committed records alone (no training, no cells)."""
     out = results_copy / name / scale
@@ -47,6 +48,7 @@ def test_a_committed_table_renders_from_its_records_byte_for_byte(name: str, sca
         assert (out / path.name).read_bytes() == path.read_bytes(), f"{name}/{scale}/{path.name} no longer follows"
 
 
+@pytest.mark.slow
 def test_committed_cells_keep_their_names_under_todays_config(monkeypatch: pytest.MonkeyPatch) -> None:
     """Table 3 at cpu_long (a pretraining and the fine-tunes that start from it; its protocol has not changed since it
     ran): today's configs name every committed cell as it was named, so its records stay a cache of those cells.
@@ -167,6 +169,7 @@ def test_a_cell_another_table_committed_at_the_scale_is_shared_under_this_tables
 
 
 @pytest.mark.usefixtures("registry_corpus")
+@pytest.mark.slow
 def test_a_partial_table_that_reads_run_directories_refuses_to_drop_committed_cells(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -199,6 +202,7 @@ def test_a_partial_table_that_reads_run_directories_refuses_to_drop_committed_ce
 
 
 @pytest.mark.usefixtures("registry_corpus")
+@pytest.mark.slow
 def test_a_partial_table_takes_another_tables_committed_cells_without_training(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -181,6 +181,7 @@ def gpt2_overhead(attention: dict) -> tuple[int, float]:
     return extra, extra / base
 
 
+@pytest.mark.slow
 def test_gpt2_124m_overheads() -> None:
     assert gpt2_overhead({"name": "gated"})[0] == 12 * 12 * (64 + 1)
     assert 0.045 < gpt2_overhead({"name": "ssa"})[1] < 0.055  # the paper's ~5%

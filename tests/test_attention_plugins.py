@@ -38,6 +38,7 @@ def plugin_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return install(FIXTURE, tmp_path_factory.mktemp("plugin"))
 
 
+@pytest.mark.slow
 def test_an_installed_variant_is_registered_and_offered_to_hydra(plugin_env: dict[str, str]) -> None:
     code = (
         "import attnlab.resolvers\n"
@@ -50,6 +51,7 @@ def test_an_installed_variant_is_registered_and_offered_to_hydra(plugin_env: dic
     assert "head_scale" not in python(code, {**os.environ, "PYTHONPATH": ""}).stdout.split()[0]
 
 
+@pytest.mark.slow
 def test_an_installed_variant_trains_and_its_bad_option_is_one_line(
     plugin_env: dict[str, str], tmp_path: Path, data_cache: Path
 ) -> None:
@@ -76,6 +78,7 @@ def test_an_installed_variant_trains_and_its_bad_option_is_one_line(
     assert "error: attention.init: must be > 0, got -1" in bad.stderr
 
 
+@pytest.mark.slow
 def test_a_broken_plugin_is_named_and_the_other_variants_still_work(tmp_path: Path) -> None:
     broken = tmp_path / "broken_variant"
     (broken / "attnlab_broken").mkdir(parents=True)

@@ -123,6 +123,7 @@ def test_the_profile_splits_a_steps_time_into_categories() -> None:
 
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="the CPU memory probe reads Linux's /proc")
+@pytest.mark.slow
 def test_chunked_clipped_softmax_peaks_far_below_the_naive_version() -> None:
     """Measured in fresh processes: at T=2048 the naive (T x T) fp32 scores alone are 12 x 16 MiB."""
     chunked = cpu_peak_bytes("clipped", 2048, 12, 64, 1)
@@ -233,6 +234,7 @@ def test_make_bench_writes_every_section(tmp_path) -> None:
         assert f"| {peer}" in text
 
 
+@pytest.mark.slow
 def test_variants_that_refuse_the_position_encoding_are_timed_against_vanilla_without_one(tmp_path) -> None:
     """Stick-breaking takes no position encoding and the `tiny` shape learns positions: it is timed with none, beside
     a vanilla with none, instead of being left out."""
@@ -260,6 +262,7 @@ def test_kernels_section_times_every_backend_a_variant_takes_beside_vanilla_sdpa
     assert "| vanilla " in steps and "| flex " not in steps
 
 
+@pytest.mark.slow
 def test_the_step_and_kernels_sections_need_only_torch() -> None:
     """A GPU machine with torch alone runs them: no Hydra, data stack, pandas or Lightning is imported."""
     code = (

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 import yaml
 
 from attnlab import compare
@@ -41,6 +42,7 @@ def test_loss_curves_read_each_runs_metrics_with_the_later_row_of_a_repeated_ste
     assert len(final) == 4 and sorted(final["loss"].round(3)) == [3.1, 3.2, 3.6, 3.7]
 
 
+@pytest.mark.slow
 def test_compare_writes_the_figure_beside_its_table(tmp_path: Path) -> None:
     """The installed command (a pip user has no experiments/)."""
     fake_sweep(tmp_path / "sweep")

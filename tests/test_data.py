@@ -38,6 +38,7 @@ def files_module(path: Path, cache: Path, **kwargs) -> TextDataModule:
     return TextDataModule(**{**params, **kwargs})
 
 
+@pytest.mark.slow
 def test_blocks_are_the_tokenized_documents_in_order(text_file: Path, tmp_path: Path) -> None:
     dm = files_module(text_file, tmp_path / "cache")
     dm.prepare_data()
@@ -51,6 +52,7 @@ def test_blocks_are_the_tokenized_documents_in_order(text_file: Path, tmp_path: 
     assert len(stream) - 17 * len(blocks) < 17
 
 
+@pytest.mark.slow
 def test_text_files_are_named_by_their_content_not_their_paths_or_times(
     text_file: Path, tmp_path: Path, make_config
 ) -> None:
@@ -87,6 +89,7 @@ def test_text_files_are_named_by_their_content_not_their_paths_or_times(
     assert not again.reused_cache and len(list((cache / "tokenizers").iterdir())) == 2
 
 
+@pytest.mark.slow
 def test_split_and_batches_are_deterministic_for_a_seed(text_file: Path, tmp_path: Path) -> None:
     first = files_module(text_file, tmp_path / "a", seed=3)
     again = files_module(text_file, tmp_path / "b", seed=3)
@@ -114,6 +117,7 @@ def test_second_run_reuses_the_cache_without_tokenizing(text_file: Path, tmp_pat
     assert np.array_equal(second.token_counts, first.token_counts)
 
 
+@pytest.mark.slow
 def test_changing_block_size_builds_a_new_cache(text_file: Path, tmp_path: Path) -> None:
     files_module(text_file, tmp_path / "cache").prepare_data()
     other = files_module(text_file, tmp_path / "cache", block_size=8)
@@ -139,6 +143,7 @@ def test_unigram_baseline_matches_direct_computation(text_file: Path, tmp_path: 
     assert dm.unigram_perplexity() == pytest.approx(expected, rel=1e-9)
 
 
+@pytest.mark.slow
 def test_packed_folder_trains_without_documents_and_stores_uint16(text_file: Path, tmp_path: Path) -> None:
     built = files_module(text_file, tmp_path / "cache")
     built.prepare_data()
@@ -190,6 +195,7 @@ def test_wikitext_loads_from_a_local_copy_in_the_hub_layout(make_config, tmp_pat
     assert held_out.strip() and held_out.split()[0] in " ".join(wiki_docs[-2]["text"].split()[:200]) + " = \n"
 
 
+@pytest.mark.slow
 def test_slimpajama_streams_from_a_local_copy_in_the_hub_layout(make_config, tmp_path: Path, wiki_docs) -> None:
     repo = make_slimpajama(tmp_path / "slimpajama", wiki_docs)
     cfg = make_config(

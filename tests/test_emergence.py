@@ -38,6 +38,7 @@ def fake_run(sweep: Path, name: str, lr: str, kurtosis: list[float], entropy: bo
     pd.DataFrame(rows).to_csv(run / "csv" / "metrics.csv", index=False)
 
 
+@pytest.mark.slow
 def test_curves_and_figure_of_a_search(tmp_path: Path) -> None:
     sweep, out = tmp_path / "search", tmp_path / "out"
     fake_run(sweep, "tiny-vanilla-s1-aaa", "0.002", [17.0, 35.0, 30.0])
@@ -76,6 +77,7 @@ def test_curves_and_figure_of_a_search(tmp_path: Path) -> None:
     assert model.startswith("our tiny: 2 layers x 32 wide") and " / 3 layers x 32 wide" in model
 
 
+@pytest.mark.slow
 def test_seeds_of_one_setting_are_one_curve_and_the_title_facts_are_kept(tmp_path: Path) -> None:
     """A table's cells (run directories given one by one) differ in attention and seed: the seeds of one attention
     are one setting, also when one seed's cell was trained for another table (its experiment_name), and --render draws
@@ -126,6 +128,7 @@ def fake_evaluation(root: Path, name: str, checkpoint: Path, step: int | None, p
     return eval_dir
 
 
+@pytest.mark.slow
 def test_evaluations_of_checkpoints_are_one_row_each_with_their_run_setting_and_step(tmp_path: Path) -> None:
     """W8A8 on the runs' checkpoints: the run and setting come from the checkpoint's run directory, the step from
     results.json (left empty for an evaluation from before it was recorded); the gap is computed, not copied."""

@@ -55,6 +55,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory, data_cache: Path) -> tuple
     return out, results
 
 
+@pytest.mark.slow
 def test_checkpoint_round_trips_with_its_variant_weights_and_tokenizer(trained: tuple[Path, dict]) -> None:
     out, _ = trained
     ckpt = out / "checkpoints" / "last.ckpt"
@@ -71,6 +72,7 @@ def test_checkpoint_round_trips_with_its_variant_weights_and_tokenizer(trained: 
     assert saved.spec["schedule_steps"] == 3 and saved.global_step == 3
 
 
+@pytest.mark.slow
 def test_training_evaluates_its_checkpoint_when_asked(trained: tuple[Path, dict]) -> None:
     out, results = trained
     summary = results["eval"]
@@ -87,6 +89,7 @@ def run_evaluate(ckpt: Path, tmp_path: Path, *overrides: str) -> subprocess.Comp
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_evaluate_cli_runs_the_quick_task_set_on_a_checkpoint_copied_alone(
     trained: tuple[Path, dict], tmp_path: Path, data_cache: Path
 ) -> None:
@@ -113,6 +116,7 @@ def test_evaluate_cli_runs_the_quick_task_set_on_a_checkpoint_copied_alone(
     )
 
 
+@pytest.mark.slow
 def test_evaluate_cli_runs_an_analysis_suite_with_no_lm_eval_task(
     trained: tuple[Path, dict], tmp_path: Path, data_cache: Path
 ) -> None:
@@ -126,6 +130,7 @@ def test_evaluate_cli_runs_an_analysis_suite_with_no_lm_eval_task(
     assert analysis["w8a8"]["quantized_perplexity"] > 1 and "versions" not in analysis
 
 
+@pytest.mark.slow
 def test_checkpoint_written_before_the_record_still_evaluates(trained: tuple[Path, dict], tmp_path: Path) -> None:
     """The old layout: hyperparameters in the checkpoint, tokenizer.json and .hydra/config.yaml in the run."""
     out, _ = trained
@@ -151,6 +156,7 @@ def test_checkpoint_written_before_the_record_still_evaluates(trained: tuple[Pat
         AttnlabLM(checkpoint=str(legacy))
 
 
+@pytest.mark.slow
 def test_a_tokenizer_other_than_the_checkpoints_is_an_error(trained: tuple[Path, dict], tmp_path: Path) -> None:
     out, _ = trained
     other = tmp_path / "other.json"
@@ -230,6 +236,7 @@ def test_evaluate_on_cuda_without_a_gpu_is_one_line() -> None:
         (["limit=-1"], "error: limit: must be null (all examples), a count >= 1 or a fraction in (0, 1), got -1"),
     ],
 )
+@pytest.mark.slow
 def test_evaluate_py_refuses_in_one_line_and_leaves_nothing(
     trained: tuple[Path, dict], overrides: list[str], line: str, tmp_path: Path
 ) -> None:
@@ -242,6 +249,7 @@ def test_evaluate_py_refuses_in_one_line_and_leaves_nothing(
     assert not (tmp_path / "eval").exists() and not (tmp_path / "r.csv").exists()
 
 
+@pytest.mark.slow
 def test_a_window_past_learned_positions_is_refused(trained: tuple[Path, dict]) -> None:
     """Learned position embeddings stop at block_size; rotary models may be scored past it (length extrapolation)."""
     out, _ = trained

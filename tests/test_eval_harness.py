@@ -34,6 +34,7 @@ def suite(name: str) -> dict:
     return OmegaConf.to_container(OmegaConf.load(CONF / "eval" / f"{name}.yaml"), resolve=True)
 
 
+@pytest.mark.slow
 def test_table3_task_set_runs_end_to_end_on_local_fixtures(lm: AttnlabLM, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(ROOT)  # the fixtures' data_files are relative to the repository root
     table3 = {**suite("table3"), "include_path": [str(FIXTURES)], "include_defaults": False, "bootstrap_iters": 10}
@@ -121,6 +122,7 @@ def test_passkey_lengths_beyond_the_window_are_rejected(lm: AttnlabLM, tmp_path:
         evaluate_suite(lm, too_long, tmp_path)
 
 
+@pytest.mark.slow
 def test_analysis_suite_delegates_or_says_it_is_missing(lm: AttnlabLM, tmp_path: Path, monkeypatch) -> None:
     import sys
 
@@ -131,6 +133,7 @@ def test_analysis_suite_delegates_or_says_it_is_missing(lm: AttnlabLM, tmp_path:
         evaluate_suite(lm, suite("analysis"), tmp_path)
 
 
+@pytest.mark.slow
 def test_an_lm_eval_task_in_an_attnlab_suite_offline_is_one_line_and_leaves_no_file(
     lm: AttnlabLM, tmp_path: Path, data_cache: Path
 ) -> None:

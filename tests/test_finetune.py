@@ -42,6 +42,7 @@ class TrainModeProbe(L.Callback):
 
 
 @pytest.mark.parametrize("attention", ["ssa", "gated_sdpa"])
+@pytest.mark.slow
 def test_finetune_experiment_runs_with_the_papers_settings(make_config, gpt2_checkpoint, tmp_path, attention):
     out = tmp_path / attention
     overrides = [

@@ -48,6 +48,7 @@ mkdir -p experiments/results/variants/gpu && echo "partial" >experiments/results
 
 
 @pytest.mark.parametrize("eval_limit", ["60", "0"])
+@pytest.mark.slow
 def test_a_table_cut_at_its_limit_comes_back_as_the_partial_table_of_its_finished_cells(
     tmp_path: Path, eval_limit: str
 ) -> None:

@@ -81,6 +81,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory, data_cache: Path) -> tupl
     return project / "hf", results
 
 
+@pytest.mark.slow
 def test_the_export_truncates_and_pads_to_the_model(exported: tuple[Path, dict]) -> None:
     """``tok(long_text, truncation=True)`` stops at the model's context (not at 1e30), and a batch pads, so
     ``generate`` on a long prompt works instead of indexing past the position table."""
@@ -98,12 +99,14 @@ def test_the_export_truncates_and_pads_to_the_model(exported: tuple[Path, dict])
     assert out.shape == (1, 64)
 
 
+@pytest.mark.slow
 def test_the_export_is_readable_as_the_umask_allows(exported: tuple[Path, dict]) -> None:
     directory, _ = exported
     assert stat.S_IMODE(directory.stat().st_mode) == 0o755
     assert {stat.S_IMODE(p.stat().st_mode) for p in directory.iterdir()} == {0o644}
 
 
+@pytest.mark.slow
 def test_the_export_has_a_model_card(exported: tuple[Path, dict]) -> None:
     """What a hub user reads first: the variant, the data, the tokens seen, the val ppl and the training command."""
     directory, results = exported
@@ -190,6 +193,7 @@ def test_an_optional_logger_without_its_package_is_one_line(
     assert not [path for path in tmp_path.rglob("*") if path.is_file()]  # nothing left behind
 
 
+@pytest.mark.slow
 def test_a_run_ends_with_one_checkpoint_file_and_names_its_resized_model(tmp_path: Path, data_cache: Path) -> None:
     """Its last validation is its best: the best checkpoint and last.ckpt are one file under two names (not 64 MB
     twice for model=tiny), and the summary line says how the model differs from its preset."""

@@ -36,6 +36,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory, data_cache: Path) -> Path:
     return out / "checkpoints" / "last.ckpt"
 
 
+@pytest.mark.slow
 def test_load_from_checkpoint_rebuilds_the_module_from_the_checkpoint_alone(trained: Path) -> None:
     module = LanguageModel.load_from_checkpoint(trained)
     saved = load_checkpoint(trained)
@@ -55,6 +56,7 @@ def test_load_from_checkpoint_reads_checkpoints_written_before_it_existed() -> N
         assert torch.isfinite(module.eval()(torch.zeros(1, 8, dtype=torch.long))).all()
 
 
+@pytest.mark.slow
 def test_a_checkpoint_without_the_record_is_one_clear_error(trained: Path, tmp_path: Path) -> None:
     raw = torch.load(trained, map_location="cpu", weights_only=True)
     del raw[RECORD_KEY]

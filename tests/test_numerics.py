@@ -74,6 +74,7 @@ def test_importing_attnlab_leaves_the_process_environment_alone() -> None:
     assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_a_command_with_a_bad_choice_stops_with_one_line() -> None:
     environ = os.environ | {numerics.SETTING: "fast"}
     done = subprocess.run([sys.executable, "train.py"], cwd=ROOT, env=environ, capture_output=True, text=True)
@@ -82,6 +83,7 @@ def test_a_command_with_a_bad_choice_stops_with_one_line() -> None:
 
 
 @needs_avx2
+@pytest.mark.slow
 def test_the_commands_pin_the_kernels_after_importing_their_modules() -> None:
     """The entry point's module imports torch and attnlab; the pin at the start of ``main`` still comes before the
     first kernel, so the command's kernels are the pinned ones. A plain ``import attnlab`` keeps torch's choice."""

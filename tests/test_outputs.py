@@ -31,6 +31,7 @@ def test_paths_are_anchored_to_the_directory_that_holds_conf(tmp_path: Path, mon
     assert Path(cfg.hydra.run.dir).parent == Path(cfg.hydra.sweep.dir).parent == ROOT / "outputs" / "debug"
 
 
+@pytest.mark.slow
 def test_a_run_started_elsewhere_writes_into_its_project_and_shows_its_config(tmp_path: Path, data_cache: Path) -> None:
     """A copy of the project (train.py + conf/) run from another directory: everything lands in the copy's outputs/,
     the config is printed as a tree first, and the summary the terminal ends with is also the end of train.log."""

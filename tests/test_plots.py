@@ -355,6 +355,7 @@ def trajectory_rows(seeds: int, steps: tuple[int, ...]) -> tuple[pd.DataFrame, p
     return pd.DataFrame(losses), pd.DataFrame(temperatures)
 
 
+@pytest.mark.slow
 def test_trajectory_shows_the_seed_spread_a_panel_per_seed_and_says_what_the_band_spans(tmp_path: Path) -> None:
     steps = tuple(range(0, 400_001, 20_000))
     losses, temperatures = trajectory_rows(3, steps)
@@ -392,6 +393,7 @@ def synthetic_config(tmp_path: Path, experiment: str):
 
 
 @pytest.mark.parametrize("experiment", ["table1/default", "table1/options/readout_attention"])
+@pytest.mark.slow
 def test_table1_figures_name_the_protocol_lr_seeds_and_our_model(tmp_path: Path, experiment: str) -> None:
     """attnlab.synthetic.tables: Figure 3 and the trajectory drawn from hand-made maps.csv and trajectory.csv."""
     from attnlab.synthetic.data import transition_matrix

@@ -167,6 +167,7 @@ def test_make_train_still_prints_the_recorded_numbers(tmp_path: Path) -> None:
         assert f"{results['val_ppl']:.1f}" == f"{expected['val_ppl']:.1f}", f"recorded for {cpu}: {expected}"
 
 
+@pytest.mark.slow
 def test_every_number_a_reading_quotes_is_in_the_committed_results() -> None:
     """The readings' signed percentages, intervals and p-values come from the tables' files, checked by a script
     (experiments/readme_numbers.py), not by eye: in the README, docs/ and each table's results README."""

@@ -85,6 +85,7 @@ def test_an_unwritable_directory_is_an_error(tmp_path: Path) -> None:
         AtomicCheckpointIO().save_checkpoint(STATE, read_only / "last.ckpt")
 
 
+@pytest.mark.slow
 def test_the_end_of_fit_is_validated_and_saved_whatever_the_intervals(make_config, tmp_path: Path) -> None:
     """13 steps, validation every 5, last.ckpt every 4: results and last.ckpt are step 13's, not step 10's/12's."""
     from attnlab.training.run import run

@@ -40,6 +40,7 @@ REFUSALS = [  # (script, overrides, the one line)
 
 
 @pytest.mark.parametrize(("script", "overrides", "line"), REFUSALS, ids=[" ".join(r[1])[:40] for r in REFUSALS])
+@pytest.mark.slow
 def test_a_refused_command_is_one_line_and_leaves_nothing(
     script: str, overrides: list[str], line: str, tmp_path: Path
 ) -> None:

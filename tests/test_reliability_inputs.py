@@ -307,6 +307,7 @@ def test_a_gpu_trainer_without_a_gpu_is_one_line(make_config) -> None:
     ],
     ids=["train", "sweep", "evaluate"],
 )
+@pytest.mark.slow
 def test_a_run_directory_that_cannot_be_written_is_one_line(command: list[str]) -> None:
     """/sys refuses new entries even to root: a read-only filesystem, found before Hydra writes its files there."""
     import subprocess
@@ -381,6 +382,7 @@ def float_options() -> list[tuple[str, str]]:
     return found
 
 
+@pytest.mark.slow
 def test_every_float_option_of_every_variant_is_refused_non_finite(make_config) -> None:
     """NaN and infinity are refused for each float option by the same type check, with the key named, at
     composition (not as a training NaN that names the trainer)."""

@@ -134,6 +134,7 @@ def test_a_garbled_line_of_jobs_jsonl_counts_as_unrecorded(tmp_path: Path) -> No
     assert read_jobs(tmp_path) == [record]
 
 
+@pytest.mark.slow
 def test_an_interrupted_forced_table_is_resumed_by_the_same_command(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -99,6 +99,7 @@ def test_a_neox_fused_qkv_that_does_not_fit_its_heads_is_one_line(tmp_path: Path
     assert "does not fit the config" in str(refused.value) or "its weights have" in str(refused.value)
 
 
+@pytest.mark.slow
 def test_a_model_larger_than_the_memory_available_is_refused_before_it_is_built(
     hf_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -159,6 +160,7 @@ def crafted_checkpoint(path: Path, model: dict, empty: bool) -> Path:
 
 
 @pytest.mark.parametrize(("model", "empty", "problem"), CHECKPOINT_CLAIMS, ids=lambda v: str(v)[:40])
+@pytest.mark.slow
 def test_a_checkpoint_claiming_sizes_is_one_line_through_every_reader(
     tmp_path: Path, model: dict, empty: bool, problem: str
 ) -> None:
@@ -201,6 +203,7 @@ def test_load_from_checkpoint_refuses_a_pickle_payload_with_our_line(tmp_path: P
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_evaluate_py_on_a_crafted_hf_directory_is_one_line_and_leaves_nothing(hf_dir: Path, tmp_path: Path) -> None:
     crafted = crafted_copy(hf_dir, tmp_path / "crafted", n_layer=10**6, n_embd=8192)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}

@@ -5,6 +5,8 @@ negative stops at 0, and paper numbers not verified against the paper's text are
 
 from __future__ import annotations
 
+import pytest
+
 from attnlab import report
 from tests.conftest import ROOT
 
@@ -53,6 +55,7 @@ def test_results_without_a_table_are_titled_by_what_they_hold_not_their_path() -
     assert report.results_title(bench, sorted(bench.source.glob("*.md"))).endswith("reports")
 
 
+@pytest.mark.slow
 def test_figures_keep_accuracy_at_or_above_zero_and_draw_unverified_paper_numbers_hollow() -> None:
     from attnlab.tables.figures import TableResults
 

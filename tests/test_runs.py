@@ -53,6 +53,7 @@ def test_a_crafted_checkpoint_runs_no_code(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("damage", ["truncated", "empty", "text"])
+@pytest.mark.slow
 def test_a_corrupt_checkpoint_is_one_line_naming_the_file(pretrained: Path, tmp_path: Path, damage: str) -> None:
     broken = tmp_path / "broken.ckpt"
     data = pretrained.read_bytes()
@@ -73,6 +74,7 @@ def test_pickle_payload_through_the_resume_path_runs_no_code(make_config, tmp_pa
     assert err.value.key == "ckpt_path" and not marker.exists()
 
 
+@pytest.mark.slow
 def test_init_from_our_checkpoint_starts_at_the_source_models_logits(pretrained: Path) -> None:
     """Exact variants reproduce the source model; SSA (its position term is small but on at fine-tune init) equals
     the source's weights with the variant swapped in at that init, as for ``hf:``."""
@@ -93,6 +95,7 @@ def test_init_from_our_checkpoint_starts_at_the_source_models_logits(pretrained:
         assert 0 < (tuned(idx) - source(idx)).abs().max() < 0.02
 
 
+@pytest.mark.slow
 def test_train_py_fine_tunes_from_our_checkpoint_with_its_tokenizer(pretrained: Path, make_config, tmp_path) -> None:
     out = tmp_path / "tuned"
     overrides = [*QUIET, *SHORT, "trainer.max_steps=2", "attention=ssa", f"model.init_from={pretrained}"]
@@ -103,6 +106,7 @@ def test_train_py_fine_tunes_from_our_checkpoint_with_its_tokenizer(pretrained: 
     assert tuned.tokenizer_json == source.tokenizer_json
 
 
+@pytest.mark.slow
 def test_resume_rejects_a_changed_model_attention_or_optimiser(pretrained: Path, make_config) -> None:
     for override, key in [
         ("model.n_layer=3", "model.n_layer"),
@@ -115,6 +119,7 @@ def test_resume_rejects_a_changed_model_attention_or_optimiser(pretrained: Path,
         assert err.value.key == key
 
 
+@pytest.mark.slow
 def test_a_fine_tune_resumes_after_its_runs_directory_moved(pretrained: Path, make_config, tmp_path: Path) -> None:
     """``init_from`` is an absolute path: a moved checkout once refused to resume its own fine-tune. The same start
     run at a new place continues; another start run is still refused."""
@@ -138,6 +143,7 @@ def test_a_fine_tune_resumes_after_its_runs_directory_moved(pretrained: Path, ma
     assert err.value.key == "model.init_from"
 
 
+@pytest.mark.slow
 def test_resume_keeps_the_schedule_horizon_when_max_steps_grows(pretrained: Path, make_config, tmp_path) -> None:
     out = tmp_path / "resumed"
     results = run(make_config([*QUIET, *SHORT, "trainer.max_steps=8", f"ckpt_path={pretrained}"], out))

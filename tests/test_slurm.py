@@ -76,6 +76,7 @@ def test_the_preset_takes_nodes_tasks_and_gpus_from_the_trainer(tmp_path: Path, 
     assert (launcher.nodes, launcher.tasks_per_node, launcher.gpus_per_node) == (1, 2, None)
 
 
+@pytest.mark.slow
 def test_a_mismatch_is_refused_in_one_line_before_anything_is_submitted(tmp_path: Path) -> None:
     """No sbatch is needed to see it: the launcher stops before it builds its executor."""
     command = [sys.executable, str(ROOT / "train.py"), "-m", "hydra/launcher=slurm", "trainer=cpu", "seed=1,2"]

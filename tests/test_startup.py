@@ -25,6 +25,7 @@ def child_cpu_seconds(command: list[str]) -> float:
 
 
 @pytest.mark.parametrize("script", sorted(HELP_RATIO))
+@pytest.mark.slow
 def test_help_costs_a_few_imports_of_hydra(script: str) -> None:
     if not (BIN / script).is_file():
         pytest.skip(f"{script} is not installed beside {sys.executable}")

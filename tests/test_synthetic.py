@@ -395,6 +395,7 @@ def test_naive_averaging_is_at_most_about_five_times_bayes_at_small_noise() -> N
     assert baseline_mse(DenoisingTask(16, sigma), 2000, 2)["bayes_optimal"] == pytest.approx(0.003, rel=1e-3)
 
 
+@pytest.mark.slow
 def test_table1_quick(tmp_path: Path) -> None:
     cfg = compose_synthetic("table1/quick", tmp_path)
     frame = run(cfg, paper_numbers.TABLE1)
@@ -607,6 +608,7 @@ def test_paper_ordering_is_computed_from_the_temperatures() -> None:
     assert sharp.appears and "<= 0.05: near zero" in sharp.describe()
 
 
+@pytest.mark.slow
 def test_converged_configs_and_stopping() -> None:
     for name, lr in (("table1/converged", 1e-4), ("table1/converged_lr1e-3", 1e-3)):
         cfg = compose_synthetic(name, Path("unused"))
@@ -642,6 +644,7 @@ def test_converged_configs_and_stopping() -> None:
         run(cfg, paper_numbers.TABLE2)
 
 
+@pytest.mark.slow
 def test_table1_until_converged_reports_the_cap_and_the_trajectory(tmp_path: Path, caplog) -> None:
     cfg = compose_synthetic("table1/converged", tmp_path)
     cfg.seeds, cfg.optim.batch_size = [0, 1], 16

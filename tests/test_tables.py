@@ -55,6 +55,8 @@ def smoke_run(tmp_path_factory: pytest.TempPathFactory, data_cache: Path) -> dic
     return {"settings": settings, "markdown": markdown, "tmp": tmp}
 
 
+@pytest.mark.slow
+@pytest.mark.long  # the smoke table its module shares (~1 min), then its notebooks and renders: it starts first
 def test_smoke_table_end_to_end(smoke_run: dict) -> None:
     results = smoke_run["settings"]["results_dir"]
     markdown = (results / "table3.md").read_text()
@@ -81,6 +83,7 @@ def test_smoke_table_end_to_end(smoke_run: dict) -> None:
     assert len(starts) == 2 and all("vanilla-s1" in o for o in starts)
 
 
+@pytest.mark.slow
 def test_a_new_machine_extends_the_table_from_its_committed_records(
     smoke_run: dict, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -106,6 +109,7 @@ def test_a_new_machine_extends_the_table_from_its_committed_records(
     assert "will be trained again" in caplog.text
 
 
+@pytest.mark.slow
 def test_smoke_sweep_logs_one_wandb_run_per_job(smoke_run: dict) -> None:
     """Training runs (job type = stage) carry results.json's numbers; each evaluation is a run in the same group;
     the finished table is a run of its own there."""
@@ -128,6 +132,7 @@ def test_smoke_sweep_logs_one_wandb_run_per_job(smoke_run: dict) -> None:
     assert table["summary"]["table/_type"] == "table-file" and any(k.startswith("verdicts/") for k in table["summary"])
 
 
+@pytest.mark.slow
 def test_rerun_recomputes_nothing(smoke_run: dict) -> None:
     runs_dir = smoke_run["settings"]["runs_dir"]
     cells = [p for p in runs_dir.iterdir() if p.name != "wandb"]  # runs_dir/wandb: the tables' own W&B runs
@@ -141,6 +146,7 @@ def test_rerun_recomputes_nothing(smoke_run: dict) -> None:
     assert before == after and sorted(p for p in runs_dir.iterdir() if p.name != "wandb") == sorted(cells)
 
 
+@pytest.mark.slow
 def test_table4_shares_table3_cells_and_force_makes_new_ones(smoke_run: dict) -> None:
     settings = smoke_run["settings"]
     engine = Engine(smoke_table(), "smoke", root=ROOT, runs_dir=settings["runs_dir"], args=settings["args"])
@@ -156,6 +162,7 @@ def test_table4_shares_table3_cells_and_force_makes_new_ones(smoke_run: dict) ->
     assert not any(c.finished for c in fresh)
 
 
+@pytest.mark.slow
 def test_interrupted_cell_resumes_from_its_last_checkpoint(smoke_run: dict) -> None:
     settings = smoke_run["settings"]
     engine = Engine(smoke_table(), "smoke", root=ROOT, runs_dir=settings["runs_dir"], args=settings["args"])
@@ -167,6 +174,7 @@ def test_interrupted_cell_resumes_from_its_last_checkpoint(smoke_run: dict) -> N
     assert "Restoring states from the checkpoint path" in log or "Resuming" in log
 
 
+@pytest.mark.slow
 def test_passkey_lengths_beyond_the_window_are_one_error_line_in_attnlab_lm_eval(
     smoke_run: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -193,6 +201,7 @@ def test_verdicts() -> None:
     assert (paired_test([0.4], [0.0]).low, paired_test([0.4], [0.0]).high) == (-math.inf, math.inf)
 
 
+@pytest.mark.slow
 def test_paper_scale_composes_and_fails_fast_offline(tmp_path: Path) -> None:
     """Every paper-scale cell composes (the engine composes them first), then one line says what is missing."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
@@ -203,6 +212,7 @@ def test_paper_scale_composes_and_fails_fast_offline(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr and not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_gpu_scale_composes_and_asks_only_for_a_gpu(tmp_path: Path) -> None:
     """The gpu scale needs no hub (its corpus, registry_text, is carried to the GPU machine as files): without a GPU,
     one line says so."""
@@ -215,6 +225,7 @@ def test_gpu_scale_composes_and_asks_only_for_a_gpu(tmp_path: Path) -> None:
     assert last == "error: scale: gpu needs GPUs (torch sees none); run it on a GPU, or use SCALE=cpu"
 
 
+@pytest.mark.slow
 def test_a_gpu_table_with_every_cell_recorded_is_written_again_on_a_cpu(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -243,6 +254,7 @@ def test_unknown_scale_is_one_line_error() -> None:
         Engine(load_table("table3"), "huge", root=ROOT, runs_dir=Path("unused"))
 
 
+@pytest.mark.slow
 def test_every_table_has_a_make_target_whose_help_names_its_scales() -> None:
     """``make help`` is where a user learns which ``SCALE=`` a table takes: it must match the table config."""
     help_lines = dict(re.findall(r"^reproduce-(\w+):.*?## (.*)$", (ROOT / "Makefile").read_text(), re.MULTILINE))
@@ -256,6 +268,7 @@ def test_every_table_has_a_make_target_whose_help_names_its_scales() -> None:
     ("notebook", "printed"),
     [("tables.ipynb", "finetune: 4 column(s) plotted"), ("training_curves.ipynb", "steps to reach vanilla")],
 )
+@pytest.mark.slow
 def test_notebooks_execute_on_the_smoke_results(
     smoke_run: dict, notebook: str, printed: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -357,6 +370,7 @@ def training_processes(under: Path) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_report_site_on_the_smoke_table(smoke_run: dict, tmp_path: Path) -> None:
     """``make report`` on the smoke table: the reading, the table, its figures, CSVs and every cell's config."""
     import shutil
@@ -390,6 +404,7 @@ def test_report_site_on_the_smoke_table(smoke_run: dict, tmp_path: Path) -> None
     assert "(as run)" in page and "composed today" not in page
 
 
+@pytest.mark.slow
 def test_report_composes_configs_of_runs_not_here_and_never_overwrites_other_files(
     smoke_run: dict, tmp_path: Path
 ) -> None:

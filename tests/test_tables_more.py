@@ -26,6 +26,7 @@ def cells(name: str, scale: str = "smoke", runs_dir: Path = Path("/unused")) -> 
     return {(c.stage, c.attention, c.seed): c.directory.name for c in engine.cells()}
 
 
+@pytest.mark.slow
 def test_ssa_ablation_tables_share_the_start_and_the_vanilla_fine_tune() -> None:
     """Tables 5-8 fine-tune from one start cell per seed and train each shared variant once; table7's pretrain block
     is table3's pretraining."""
@@ -39,6 +40,7 @@ def test_ssa_ablation_tables_share_the_start_and_the_vanilla_fine_tune() -> None
 
 
 @pytest.mark.usefixtures("registry_corpus")
+@pytest.mark.slow
 def test_cpu_long_ablations_start_from_the_outliers_cells_and_share_table3s_fine_tunes() -> None:
     """At cpu_long every SSA table's start is the outliers table's vanilla cell, and the fine-tunes of the variants
     two tables have (vanilla, ssa, ssa_shared) are one cell each."""
@@ -68,12 +70,14 @@ def test_gpu_and_cpu_long_scales_are_one_protocol_on_two_machines() -> None:
     assert "data=registry_text" in gpu and "optim.weight_decay=0.5" in gpu
 
 
+@pytest.mark.slow
 def test_from_scratch_tables_share_their_cells() -> None:
     grids = {name: cells(name) for name in FROM_SCRATCH}
     assert len({grid[("pretrain", "vanilla", 1)] for grid in grids.values()}) == 1
     assert set(grids["pruning"].values()) <= set(grids["outliers"].values())
 
 
+@pytest.mark.slow
 def test_the_sink_tables_share_their_synthetic_cells_and_only_they_have_that_scale() -> None:
     """The gating and variants tables judge sink claims on Guo et al.'s task with one vanilla and one G1 per seed
     (5 seeds); the outliers and pruning tables, whose phenomena a 1-layer model on 64 characters cannot show, have no
@@ -94,6 +98,7 @@ def test_a_synthetic_tables_model_size_counts_the_tasks_word_level_vocabulary() 
 
 
 @pytest.mark.parametrize("name", ABLATIONS + FROM_SCRATCH)
+@pytest.mark.slow
 def test_paper_scale_composes(name: str) -> None:
     """Every paper-scale cell composes (fine-tunes from the hub checkpoints, or pretrains GPT-2 on SlimPajama)."""
     grid = cells(name, "paper")
@@ -102,6 +107,8 @@ def test_paper_scale_composes(name: str) -> None:
 
 @pytest.mark.parametrize("name", ["table3", "table4", *ABLATIONS, *FROM_SCRATCH])
 @pytest.mark.usefixtures("registry_corpus")
+@pytest.mark.slow
+@pytest.mark.long  # ~10 tables x every scale composed: its module (~10 min in all) starts first
 def test_every_scale_reports_each_model_under_one_paper_row(name: str) -> None:
     """The gating table once inherited the protocol's OPT-125m row beside its own repo-plot row: the same cells were
     reported twice. Each table names its rows; the engine refuses two rows on one model."""
@@ -123,6 +130,7 @@ def test_unknown_report_is_a_config_error() -> None:
         Engine(table, "smoke", root=ROOT, runs_dir=Path("unused"))
 
 
+@pytest.mark.slow
 def test_pruning_and_outlier_tables_end_to_end(
     tmp_path: Path, data_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -189,6 +197,7 @@ def smoke(name: str, tmp_path: Path, data_cache: Path) -> pd.DataFrame:
     return pd.read_csv(tmp_path / name / "runs.csv")
 
 
+@pytest.mark.slow
 def test_table6_smoke_fine_tunes_from_the_start_cell(tmp_path: Path, data_cache: Path) -> None:
     runs = smoke("table6", tmp_path, data_cache)
     assert runs[["stage", "attention"]].values.tolist() == [
@@ -212,6 +221,7 @@ def test_smoke_scale_end_to_end(name: str, tmp_path: Path, data_cache: Path) -> 
     assert len(effects) and set(effects["attention"]) <= set(load_table(name, ROOT)["variants"])
 
 
+@pytest.mark.slow
 def test_table3_paper_scale_fine_tunes_the_llama_rows_it_never_pretrains() -> None:
     """The paper's fine-tune block has Llama (7B) and Llama3-8b rows (its pretrain block does not): stage_rows."""
     engine = Engine(load_table("table3", ROOT), "paper", root=ROOT, runs_dir=Path("unused"))
@@ -234,6 +244,7 @@ def test_table3_paper_scale_fine_tunes_the_llama_rows_it_never_pretrains() -> No
 
 
 @pytest.mark.usefixtures("registry_corpus")
+@pytest.mark.slow
 def test_table3_cpu_long_fine_tunes_every_variant_from_the_outliers_tables_vanilla_cells() -> None:
     """cpu_long pretrains only vanilla (``stage_variants``), and those cells are the outliers table's: trained once,
     with its sink monitor and corpus; each fine-tune starts from its seed's cell, on the embedded corpus."""
@@ -273,6 +284,7 @@ def test_fine_tune_cells_keep_their_names_when_the_runs_directory_moves() -> Non
     assert any(stage == "finetune" for stage, _, _ in here)
 
 
+@pytest.mark.slow
 def test_a_fine_tune_cell_is_named_by_its_start() -> None:
     """Two starts that differ (another seed's start cell, or a user's own file) give two names."""
     engine = Engine(load_table("table6", ROOT), "smoke", root=ROOT, runs_dir=Path("/unused"))
@@ -287,6 +299,7 @@ def test_a_fine_tune_cell_is_named_by_its_start() -> None:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "scale"), [("table3", "cpu"), ("variants", "cpu_long")])
 def test_seeds_sharing_a_composition_are_the_cells_each_would_compose_alone(name: str, scale: str) -> None:
     """A variant's seeds share one composition (seed and fine-tune start set in place): every cell's name, identity,
@@ -302,6 +315,7 @@ def test_seeds_sharing_a_composition_are_the_cells_each_would_compose_alone(name
         assert (cell.cache_dir, cell.wandb_project) == (str(alone.paths.cache_dir), wandb.project if wandb else None)
 
 
+@pytest.mark.slow
 def test_a_long_table_says_which_cells_it_trains_and_the_time_left(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

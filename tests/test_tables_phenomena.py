@@ -85,6 +85,7 @@ def test_each_of_the_four_verdicts_by_hand() -> None:
     assert tested.p_paper is None and decide(tested.mean, tested.p, None, -1.0) == UNRESOLVED
 
 
+@pytest.mark.slow
 def test_the_step_down_is_holm_when_each_comparison_has_one_hypothesis() -> None:
     """Checked against statsmodels' Holm, and by hand."""
     for p_values in ([0.03, 0.01, 0.5, 0.02], [0.4, 0.6], [0.9, 0.8], [0.001, 0.2, 0.04, 0.04, 0.3]):

@@ -46,6 +46,7 @@ def test_make_reproduce_variants_runs_this_table() -> None:
     assert "experiments/reproduce_table.py scale=smoke" in dry.stdout and "table=variants" in dry.stdout
 
 
+@pytest.mark.slow
 def test_smoke_table_end_to_end(smoke: dict) -> None:
     """Every column, the phenomenon lines, softpick's claims judged, the costs section and effects.png."""
     results, markdown = smoke["results"], smoke["markdown"]
@@ -71,6 +72,7 @@ def test_smoke_table_end_to_end(smoke: dict) -> None:
     assert (results / "effects.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_stickbreaking_cells_take_their_own_overrides_in_a_sweep_of_their_own(smoke: dict) -> None:
     settings = smoke["settings"]
     engine = Engine(variants_table(), "smoke", root=ROOT, runs_dir=settings["runs_dir"], args=settings["args"])
@@ -85,6 +87,7 @@ def test_stickbreaking_cells_take_their_own_overrides_in_a_sweep_of_their_own(sm
     assert recorded.model.pos_encoding == "none"
 
 
+@pytest.mark.slow
 def test_the_table_renders_again_from_its_csvs(smoke: dict, tmp_path: Path) -> None:
     """``make reproduce-variants RENDER=1``: the Markdown (costs from costs.csv, not timed again) and effects.png."""
     shutil.copytree(smoke["results"], tmp_path, dirs_exist_ok=True)
@@ -101,6 +104,7 @@ def test_the_table_renders_again_from_its_csvs(smoke: dict, tmp_path: Path) -> N
         render(variants_table(), "smoke", results_dir=tmp_path, root=ROOT)
 
 
+@pytest.mark.slow
 def test_a_partial_table_holds_the_cells_trained_so_far_and_says_what_it_lacks(smoke: dict, tmp_path: Path) -> None:
     """``PARTIAL=1`` while a long table trains: no training, the finished cells' numbers, the missing cells named;
     its render from the committed CSVs says the same; nothing trained is a one-line error."""
@@ -124,6 +128,7 @@ def test_a_partial_table_holds_the_cells_trained_so_far_and_says_what_it_lacks(s
         reproduce(table, "smoke", results_dir=tmp_path / "none", partial=True, **empty)
 
 
+@pytest.mark.slow
 def test_every_variant_builds_at_cpu_scale() -> None:
     """Each cpu cell's model is built (diff's even heads, fox's and stick-breaking's position encodings), so no
     variant stops the hours-long run halfway; the four shared with the outliers and gating tables are their cells."""
@@ -197,6 +202,7 @@ def test_a_cached_evaluation_from_before_a_headline_existed_is_evaluated_again()
     assert not predates_headlines({"summary": {"heldout_word_ppl": 30.0}})  # a suite without analysis
 
 
+@pytest.mark.slow
 def test_options_added_since_keep_the_committed_cells_names() -> None:
     """Options added after the cpu table ran (fox's Pro block, stick-breaking's attend_current, the gates' reference
     options) name no new cell at the value that runs the old rule, so its records stay a cache of those cells; diff's
@@ -218,6 +224,7 @@ def test_options_added_since_keep_the_committed_cells_names() -> None:
     assert name("diff", "attention.subln_affine=false") == "tiny-diff-s1-6ad3bfef1f"  # the first release's cell
 
 
+@pytest.mark.slow
 def test_a_scales_train_order_comes_first_and_a_half_trained_table_runs_in_few_sweeps(tmp_path: Path) -> None:
     """``train_order``: its variants' cells lead the first sweep, each variant's seeds in turn; once some cells are
     trained, a sweep is cut only where the next variant lacks other seeds (every sweep stays a Hydra product)."""
@@ -257,6 +264,7 @@ def test_a_scales_train_order_comes_first_and_a_half_trained_table_runs_in_few_s
         Engine(table, "smoke", root=ROOT, runs_dir=tmp_path)
 
 
+@pytest.mark.slow
 def test_extra_seeds_pair_with_the_baselines_and_train_after_every_scale_seed(tmp_path: Path) -> None:
     """``extra_seeds``: more seeds for the variants whose claims 3 leave unresolved; the baseline trains each of
     them (the pair), no other variant does, and they train after every variant's scale seeds."""

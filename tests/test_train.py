@@ -19,6 +19,7 @@ QUIET = ["logger=csv", "trainer=cpu", "callbacks.progress_bar.refresh_rate=0", *
 
 
 @pytest.mark.parametrize("model", ["tiny", "tiny-neox", "tiny-llama"])
+@pytest.mark.slow
 def test_fast_dev_run(make_config, model: str) -> None:
     results = run(make_config(["debug=fdr", f"model={model}", *QUIET]))
     assert results["model"] == model
@@ -27,6 +28,7 @@ def test_fast_dev_run(make_config, model: str) -> None:
     assert results["corpus_sha256"] is None  # the embedded corpus: its package fixes its text
 
 
+@pytest.mark.slow
 def test_short_training_run_lowers_the_loss_and_writes_its_outputs(make_config, tmp_path: Path) -> None:
     out = tmp_path / "run"
     cfg = make_config(
@@ -62,6 +64,7 @@ def test_short_training_run_lowers_the_loss_and_writes_its_outputs(make_config, 
     assert results["train_loop_tokens_per_second"] > results["tokens_per_second"]
 
 
+@pytest.mark.slow
 def test_resume_from_last_checkpoint_continues_in_a_new_directory(make_config, tmp_path: Path) -> None:
     first_dir, second_dir = tmp_path / "first", tmp_path / "second"
     common = [*QUIET, "trainer.val_check_interval=3", "trainer.limit_val_batches=2"]
@@ -75,6 +78,7 @@ def test_resume_from_last_checkpoint_continues_in_a_new_directory(make_config, t
     assert hashlib.sha256(last.read_bytes()).hexdigest() == before
 
 
+@pytest.mark.slow
 def test_global_batch_in_tokens_sets_the_accumulation(make_config, tmp_path: Path) -> None:
     """4 x 32-token rows per batch: 256 tokens a step is 2 batches accumulated, and the token count says so."""
     import torch
@@ -109,6 +113,7 @@ def test_compiled_training_saves_the_eager_models_checkpoint(make_config, tmp_pa
     assert load_checkpoint(compiled["last_checkpoint"]).global_step == 4
 
 
+@pytest.mark.slow
 def test_fused_loss_trains_as_the_full_logits_do(make_config, tmp_path: Path) -> None:
     """fused_loss=true (the head and the cross-entropy in chunks, no full logits; a padded head here, whose extra
     rows must not reach the loss) trains the same model as the plain loss, up to the summation order."""
@@ -119,6 +124,7 @@ def test_fused_loss_trains_as_the_full_logits_do(make_config, tmp_path: Path) ->
     assert fused["val_loss"] == pytest.approx(plain["val_loss"], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_document_mask_trains_each_document_on_its_own(make_config, tmp_path: Path) -> None:
     """data.document_mask=true: the checkpoint records the separator, and the module rebuilt from it computes the
     loss of a packed block as the model does with the block's document ids, which differs from the unmasked loss."""
@@ -192,12 +198,14 @@ def train_cli(*overrides: str, tmp_path: Path) -> subprocess.CompletedProcess:
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_cli_unknown_group_option_lists_the_available_ones(tmp_path: Path) -> None:
     done = train_cli("model=nope", tmp_path=tmp_path)
     assert done.returncode != 0
     assert done.stderr.startswith("error: model: no option 'nope'; allowed: ") and "tiny" in done.stderr
 
 
+@pytest.mark.slow
 def test_help_lists_only_what_train_py_composes(tmp_path: Path) -> None:
     """``--help`` once listed the table engine's groups (``table=table3`` then failed): they live with the engine."""
     done = train_cli("--help", tmp_path=tmp_path)
@@ -206,6 +214,7 @@ def test_help_lists_only_what_train_py_composes(tmp_path: Path) -> None:
     assert not groups & {"table", "table_protocol"} and not any(g.startswith("synthetic_table") for g in groups)
 
 
+@pytest.mark.slow
 def test_cli_bad_value_exits_nonzero_with_one_clear_line(tmp_path: Path) -> None:
     done = train_cli("model.n_head=5", tmp_path=tmp_path)
     assert done.returncode != 0
@@ -213,12 +222,14 @@ def test_cli_bad_value_exits_nonzero_with_one_clear_line(tmp_path: Path) -> None
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_run_ids_differ_between_processes_started_together() -> None:
     code = "import attnlab.resolvers as r; print(r.run_id())"
     ids = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout for _ in range(3)}
     assert len(ids) == 3
 
 
+@pytest.mark.slow
 def test_multirun_sweep_gives_one_directory_per_job_and_a_comparison_table(tmp_path: Path, data_cache: Path) -> None:
     """``train.py -m`` from any directory: each job in its own subdirectory, collected by experiments/compare.py."""
     logs = f"paths.log_dir={tmp_path / 'outputs'}"
@@ -257,6 +268,7 @@ def test_multirun_sweep_gives_one_directory_per_job_and_a_comparison_table(tmp_p
         ("attention=value_select", "attention"),
     ],
 )
+@pytest.mark.slow
 def test_cli_bad_value_is_one_line_and_writes_nothing(tmp_path: Path, override: str, key: str) -> None:
     """Checked before Hydra creates the run directory: started from a/b, nothing appears anywhere under tmp_path."""
     start = tmp_path / "a" / "b"
@@ -294,6 +306,7 @@ def test_a_failed_log_write_prints_no_traceback(monkeypatch: pytest.MonkeyPatch,
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.slow
 def test_a_resumed_run_removes_the_partial_saves_a_kill_left(make_config, tmp_path: Path) -> None:
     """A SIGKILL during a save leaves its temporary file beside last.ckpt; resuming removes it (last.ckpt is whole)."""
     directory = tmp_path / "run"
