@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import shutil
+from collections.abc import Iterator
 from itertools import chain
 from pathlib import Path
 
@@ -287,3 +289,22 @@ def test_the_bigram_backcopy_option_packs_one_sequence_per_block_bos_first(data_
     held_out = heldout_dataset(data={**settings, "batch_size": 4}, cache_dir=str(data_cache))
     assert sorted(held_out["test"]["text"]) == sorted(datamodule.validation_documents()["text"])
     assert len(held_out["test"]) == 12
+
+
+def test_two_builds_of_one_corpus_at_once_leave_one_whole_file(tmp_path: Path) -> None:
+    """Jobs sharing a cache build the same corpus side by side (a sweep's first jobs): each writes through a temporary
+    file of its own, so neither writes into the other's file nor loses its rename to it."""
+    from attnlab.data.corpus import write_once
+
+    target = tmp_path / "corpus.jsonl"
+    documents = [{"title": str(index), "text": f"document {index}"} for index in range(4)]
+
+    def while_another_job_builds() -> Iterator[dict[str, str]]:
+        for index, document in enumerate(documents):
+            if index == 2:  # the other job starts and finishes while this one is halfway
+                write_once(target, iter(documents))
+            yield document
+
+    assert write_once(target, while_another_job_builds()) == target
+    assert [json.loads(line) for line in target.read_text().splitlines()] == documents
+    assert [path.name for path in tmp_path.iterdir()] == ["corpus.jsonl"]  # no temporary file left behind

@@ -301,6 +301,7 @@ def test_a_fine_tune_cell_is_named_by_its_start() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "scale"), [("table3", "cpu"), ("variants", "cpu_long")])
+@pytest.mark.usefixtures("registry_corpus")
 def test_seeds_sharing_a_composition_are_the_cells_each_would_compose_alone(name: str, scale: str) -> None:
     """A variant's seeds share one composition (seed and fine-tune start set in place): every cell's name, identity,
     data cache and W&B project are those its own overrides compose to, fine-tune starts (table3 at cpu) and extra

@@ -126,8 +126,7 @@ def bigram_backcopy_datamodule(
         names = [token_name(ch) for ch in characters]
         total = train_sequences + val_sequences
         sequences = backcopy_sequences(marginal, transition, triggers, total, block_size, seed)
-        word_level_tokenizer(names).save(str(tokenizer_file.with_suffix(".tmp")))
-        tokenizer_file.with_suffix(".tmp").replace(tokenizer_file)
+        write_atomic(tokenizer_file, word_level_tokenizer(names).to_str(pretty=True))  # as Tokenizer.save writes it
         meta = {"characters": characters, "triggers": characters[:triggers], "identity": identity}
         write_atomic(directory / "task.json", json.dumps(meta, indent=1))
         lines = (" ".join([BOS, *(names[i] for i in row)]) for row in sequences)

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import mwparserfromhell
 
+from attnlab.files import write_atomic
+
 DUMP_GLOB = "enwiki-*-shortened.bz2"
 CORPUS_VERSION = 2  # bump when the cleaning changes, so cached copies of the corpus are rebuilt
 _DROP_LINK_PREFIXES = ("file:", "image:", "category:", "media:")
@@ -89,13 +91,8 @@ def wiki_sample_documents(dump: Path | None = None) -> Iterator[dict[str, str]]:
 
 
 def write_once(target: Path, documents: Iterable[dict[str, str]]) -> Path:
-    """Write documents as JSON lines to ``target`` unless it exists; a build cut short leaves only a ``.tmp``, so a
-    half-written corpus is never taken for a finished one."""
+    """Write documents as JSON lines to ``target`` unless it exists, through a temporary file of this writer's own: a
+    build cut short is never taken for a finished corpus, and two builds at once never write into one file."""
     if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_suffix(".tmp")
-        with tmp.open("w") as fh:
-            for doc in documents:
-                fh.write(json.dumps(doc) + "\n")
-        tmp.replace(target)
+        write_atomic(target, lambda fh: fh.writelines((json.dumps(doc) + "\n").encode() for doc in documents))
     return target

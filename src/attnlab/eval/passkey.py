@@ -23,6 +23,7 @@ from tokenizers import Tokenizer
 
 from attnlab.defaults import DATA_SEED, EVAL_SEED
 from attnlab.errors import ConfigError
+from attnlab.files import write_atomic
 
 INTRO = (
     "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
@@ -217,13 +218,11 @@ def passkey_datamodule(
         directory.mkdir(parents=True, exist_ok=True)
         if tok is None:
             tok = template_tokenizer(tokenizer_vocab_size, seed)
-            tok.save(tokenizer_file)
+            write_atomic(Path(tokenizer_file), tok.to_str(pretty=True))  # as Tokenizer.save writes it
         for split, count, split_seed in (("train", train_texts, seed), ("validation", val_texts, seed + 1)):
-            tmp = directory / f"{split}.tmp"
-            with tmp.open("w") as fh:
-                for text in passkey_training_texts(tok, count, lengths, split_seed):
-                    fh.write(json.dumps({"text": text}) + "\n")
-            tmp.replace(directory / f"{split}.jsonl")
+            # each writer its own temporary file: two jobs sharing the cache write the same texts side by side
+            texts = passkey_training_texts(tok, count, lengths, split_seed)
+            write_atomic(directory / f"{split}.jsonl", "".join(json.dumps({"text": text}) + "\n" for text in texts))
     return TextDataModule(
         name=name,
         source="hub",  # a local directory of split files goes through the same `load_dataset` path
