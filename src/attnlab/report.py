@@ -246,9 +246,9 @@ def cell_configs(page: Page, out: Path, root: Path) -> None:
     recorded = read_cells(page.source)
     try:
         engine = Engine(load_table(page.name, root), page.variant, root=root, runs_dir=root / "outputs" / "runs")
-        cells = {(c.stage, c.row, c.attention, c.seed): c for c in engine.cells()}
+        composed = {(c.stage, c.row, c.attention, c.seed): (c, cfg) for c, cfg in engine.composed_cells()}
     except ConfigError as exc:
-        engine, cells = None, {}
+        composed = {}
         page.configs_note = f"the table config no longer composes at scale {page.variant} ({exc}): no configs"
     target = out / "configs" / f"{page.name}-{page.variant}"
     target.mkdir(parents=True, exist_ok=True)
@@ -257,7 +257,7 @@ def cell_configs(page: Page, out: Path, root: Path) -> None:
     for run in runs.itertuples():
         recorded_name = Path(str(run.run)).name
         run_dir = Path(str(run.run)) if Path(str(run.run)).is_absolute() else root / str(run.run)
-        cell = cells.get((run.stage, run.row, run.attention, int(run.seed)))
+        cell, composed_cfg = composed.get((run.stage, run.row, run.attention, int(run.seed)), (None, None))
         path = target / f"{recorded_name}.yaml"
         renamed = cell is not None and cell.directory.name != recorded_name
         if recorded_name in recorded:
@@ -272,10 +272,9 @@ def cell_configs(page: Page, out: Path, root: Path) -> None:
             header = f"# the config this cell ran with ({run.run}/.hydra/config.yaml)\n"
             path.write_text(header + (run_dir / ".hydra" / "config.yaml").read_text())
             note = "as run"
-        elif cell is not None and engine is not None:
-            cfg = engine.compose(list(cell.overrides))
-            with open_dict(cfg):
-                del cfg["hydra"]
+        elif composed_cfg is not None:
+            with open_dict(composed_cfg):
+                del composed_cfg["hydra"]
             header = f"# composed from {source} by today's code ({time.strftime('%Y-%m-%d')}): the cell was recorded "
             header += "before the engine committed each cell's as-run config, and its run directory is not here\n"
             if renamed:
@@ -283,7 +282,7 @@ def cell_configs(page: Page, out: Path, root: Path) -> None:
                     f"# today's config names this cell {cell.directory.name}, not {recorded_name}: something in its "
                     "identity changed since it ran (a default, or how a fine-tune's start is named)\n"
                 )
-            path.write_text(header + OmegaConf.to_yaml(cfg))
+            path.write_text(header + OmegaConf.to_yaml(composed_cfg))
             note = "composed today" + (", named differently now" if renamed else "")
         else:
             path = None

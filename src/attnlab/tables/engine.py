@@ -307,10 +307,15 @@ class Engine:
         ]
 
     def cells(self) -> list[Cell]:
-        """Every cell of every stage, in stage order; composing them also validates the whole table's config.
+        """Every cell of every stage, in stage order; composing them also validates the whole table's config."""
+        return [cell for cell, _ in self.composed_cells()]
+
+    def composed_cells(self) -> list[tuple[Cell, DictConfig]]:
+        """``cells`` with the config each composes (what the report shows for a cell recorded without one).
         Composing is slow (~0.3 s), so a variant's seeds share one composition: the others differ from the first seed's
         config only in ``seed`` and in a fine-tune's start (``model.init_from``), values set in place."""
         cells: dict[tuple, Cell] = {}
+        configs: list[DictConfig] = []
         for stage in self.stages():
             variants = self.variants(stage)
             for row, model in self.rows(stage).items():
@@ -346,7 +351,8 @@ class Engine:
                             wandb.project if wandb else None,
                             identity(cfg),
                         )
-        return list(cells.values())
+                        configs.append(cfg)
+        return list(zip(cells.values(), configs, strict=True))
 
     # ------------------------------------------------------------------------------------------ training
     def check_requirements(self) -> None:
