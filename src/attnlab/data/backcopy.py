@@ -120,7 +120,6 @@ def bigram_backcopy_datamodule(
     directory = Path(cache_dir) / SOURCE / digest(identity)
     text_file, tokenizer_file = directory / "sequences.txt", directory / "tokenizer.json"
     if not text_file.is_file():
-        directory.mkdir(parents=True, exist_ok=True)
         corpus = TextDataModule(name="wiki_sample", source="wiki_sample", seed=seed, cache_dir=cache_dir)
         characters, marginal, transition = character_bigrams(list(corpus.training_documents()["text"]), vocabulary)
         names = [token_name(ch) for ch in characters]

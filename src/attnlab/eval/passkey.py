@@ -215,7 +215,6 @@ def passkey_datamodule(
         tokenizer_file = str(directory / "tokenizer.json")
         tok = Tokenizer.from_file(tokenizer_file) if Path(tokenizer_file).is_file() else None
     if not (directory / "validation.jsonl").is_file():
-        directory.mkdir(parents=True, exist_ok=True)
         if tok is None:
             tok = template_tokenizer(tokenizer_vocab_size, seed)
             write_atomic(Path(tokenizer_file), tok.to_str(pretty=True))  # as Tokenizer.save writes it
