@@ -22,8 +22,8 @@ from attnlab.data import TextDataModule
 from attnlab.errors import ConfigError
 from attnlab.eval.lm import AttnlabLM
 from attnlab.models.checkpoint import load_checkpoint
+from attnlab.run_directory import KeepEarlierRunConfig
 from attnlab.training.run import run
-from attnlab.training.rundir import KeepEarlierRunConfig
 from tests.conftest import MICRO_MODEL, ROOT, compose_config
 
 STEPS = 5  # optimizer steps, all inside the first epoch (the corpus has 129 training blocks, 16 steps of 8)

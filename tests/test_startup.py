@@ -60,3 +60,21 @@ def test_the_argparse_commands_say_their_version(module: str, capsys: pytest.Cap
     with pytest.raises(SystemExit) as done:
         importlib.import_module(module).main(["--version"])
     assert done.value.code == 0 and capsys.readouterr().out == f"attnlab {version('attnlab')}\n"
+
+
+@pytest.mark.parametrize(
+    ("script", "override"),
+    [("train.py", "optim.lr=abc"), ("train.py", "model.n_head=5"), ("evaluate.py", "batch_size=0")],
+)
+@pytest.mark.slow
+def test_a_bad_value_is_refused_before_lightning_is_imported(script: str, override: str, tmp_path: Path) -> None:
+    """A refusal costs ~2 s, not Lightning's import (~5 s more): the callbacks Hydra starts every run with and the
+    checks of plain values import none of it; only a value whose check needs a class (data, callbacks) does."""
+    argv = [script, override, f"hydra.run.dir={tmp_path}/run", f"paths.log_dir={tmp_path}/outputs"]
+    code = (
+        f"import runpy, sys\nsys.argv = {argv!r}\ntry:\n    runpy.run_path({script!r}, run_name='__main__')\n"
+        "except SystemExit as exc:\n    print(str(exc).split(':')[0:2], 'lightning' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1], capture_output=True, text=True)
+    key = override.split("=")[0].replace("model.n_head", "model.n_embd")
+    assert done.stdout.strip() == f"['error', ' {key}'] False", done.stdout + done.stderr[-2000:]

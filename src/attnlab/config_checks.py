@@ -208,7 +208,7 @@ def check_trainer(cfg: DictConfig, machine: bool = True) -> None:
                 f"trainer=fsdp runs on GPUs only (Lightning's FSDPStrategy), got {accelerator!r}; "
                 "on the CPU use trainer=ddp_cpu",
             )
-    else:
+    elif strategy != "auto":  # Lightning's registry costs seconds of import: only a named strategy needs it
         from lightning.pytorch.strategies import StrategyRegistry
 
         allowed = ["auto", *StrategyRegistry.available_strategies()]

@@ -19,8 +19,9 @@ from typing import IO, Any
 
 from filelock import lock_descriptor
 from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from attnlab.errors import ConfigError, require
 from attnlab.files import write_atomic
@@ -256,3 +257,17 @@ def record_job(sweep_dir: Path, record: dict[str, Any]) -> None:
     sweep_dir.mkdir(parents=True, exist_ok=True)
     with locked(sweep_dir / JOBS_FILE, "a") as fh:
         fh.write(json.dumps(record) + "\n")
+
+
+class KeepEarlierRunConfig(Callback):
+    """Hydra callback: before Hydra writes ``.hydra/`` into a directory that has one, move the old one aside."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.hydra.output_subdir is None:  # nothing will be written: e.g. a DDP rank > 0 Lightning started
+            return  # in rank 0's directory (hydra.output_subdir=null), whose .hydra/ is this run's own
+        saved = Path(OmegaConf.select(config, "hydra.run.dir")) / config.hydra.output_subdir
+        if not (saved / "config.yaml").is_file():
+            return
+        part = next(n for n in range(1, 10_000) if not saved.with_name(f"{saved.name}-{n}").exists())
+        saved.rename(saved.with_name(f"{saved.name}-{part}"))
+        log.info("Run directory already used: its earlier config is kept in %s-%d", saved, part)

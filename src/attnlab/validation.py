@@ -117,7 +117,6 @@ def validate_train_config(cfg: DictConfig, check_machine: bool = True) -> OptimS
     check_seed(cfg)
     check_common(cfg)
     positive_int(cfg.data.get("batch_size"), "data.batch_size")
-    check_run_config(cfg, machine=check_machine)
     for flag in ("compile", "fused_loss"):
         value = cfg.get(flag, False)
         require(isinstance(value, bool), flag, f"must be true or false, got {value!r}")
@@ -131,7 +130,9 @@ def validate_train_config(cfg: DictConfig, check_machine: bool = True) -> OptimS
             f"{name} is made for the synthetic tables (make reproduce-table1, reproduce-table2), not for language "
             f"data; allowed here: {', '.join(allowed)}",
         )
-    return optim_spec(plain(cfg.optim))
+    spec = optim_spec(plain(cfg.optim))  # before the run config's checks, whose data and callback targets import
+    check_run_config(cfg, machine=check_machine)  # Lightning (seconds): a bad value above is refused at once
+    return spec
 
 
 class ValidateBeforeWriting(Callback):

@@ -1,27 +1,21 @@
 """Resuming into the interrupted run's own directory (``hydra.run.dir=<that run>``) loses nothing it wrote.
 
-Lightning's CSV writer deletes an existing ``metrics.csv`` and Hydra overwrites ``.hydra/``; here the metrics
-are appended to (a step logged twice, before the kill and after the resume, keeps both rows: the later one
-counts) and the earlier ``.hydra/`` is kept as ``.hydra-1/``, ``.hydra-2/``, ...
+Lightning's CSV writer deletes an existing ``metrics.csv``; here the metrics are appended to (a step logged twice,
+before the kill and after the resume, keeps both rows: the later one counts). The earlier ``.hydra/`` is kept by
+``attnlab.run_directory.KeepEarlierRunConfig``.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import logging
 from pathlib import Path
-from typing import Any
 
-from hydra.experimental.callback import Callback
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
-from omegaconf import DictConfig, OmegaConf
 
 from attnlab.files import write_atomic
-
-log = logging.getLogger(__name__)
 
 
 class _AppendingWriter(ExperimentWriter):
@@ -58,17 +52,3 @@ class ResumableCSVLogger(CSVLogger):
             self._fs.makedirs(self.root_dir, exist_ok=True)
             self._experiment = _AppendingWriter(log_dir=self.log_dir)
         return self._experiment
-
-
-class KeepEarlierRunConfig(Callback):
-    """Hydra callback: before Hydra writes ``.hydra/`` into a directory that has one, move the old one aside."""
-
-    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        if config.hydra.output_subdir is None:  # nothing will be written: e.g. a DDP rank > 0 Lightning started
-            return  # in rank 0's directory (hydra.output_subdir=null), whose .hydra/ is this run's own
-        saved = Path(OmegaConf.select(config, "hydra.run.dir")) / config.hydra.output_subdir
-        if not (saved / "config.yaml").is_file():
-            return
-        part = next(n for n in range(1, 10_000) if not saved.with_name(f"{saved.name}-{n}").exists())
-        saved.rename(saved.with_name(f"{saved.name}-{part}"))
-        log.info("Run directory already used: its earlier config is kept in %s-%d", saved, part)
