@@ -49,7 +49,7 @@ train: $(STAMP)  ## train the default tiny model on the embedded corpus (extra H
 test: $(STAMP)  ## the default test suite, the tests under ~2 s (3,437 tests: 4.8 min on 2 idle cores, a pytest-xdist worker per core, 2026-11-30)
 	$(PY) -m pytest -q $(XDIST) $(ARGS)
 
-test-slow: $(STAMP)  ## the slow tests: longer CPU training runs per variant, kill/resume, signals, make train's numbers, the wheel, plugins, the report in Chromium, the GPU script's sweep mode, the local SLURM cluster (308 tests, a worker per core, the modules of its long tests first; with lint and make test, 58-61 min in CI and 29 min in a fresh clone on an idle 2-core Xeon, 2026-11-30)
+test-slow: $(STAMP)  ## the slow tests: longer CPU training runs per variant, kill/resume, signals, make train's numbers, the wheel, plugins, the report in Chromium, the GPU script's sweep mode, the local SLURM cluster (308 tests, a worker per core, the modules of its long tests first; with lint and make test, 26-61 min in CI (its last three runs) and 29 min in a fresh clone on an idle 2-core Xeon, 2026-11-30)
 	$(PY) -m pytest -q -m slow $(XDIST) --no-loadscope-reorder $(ARGS)
 
 lint: $(STAMP)  ## ruff check and ruff format --check (what .pre-commit-config.yaml runs on each commit)
