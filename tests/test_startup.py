@@ -73,7 +73,9 @@ def test_the_argparse_commands_say_their_version(module: str, capsys: pytest.Cap
     ],
 )
 @pytest.mark.slow
-def test_a_bad_value_is_refused_before_lightning_is_imported(script: str, override: str, key: str, tmp_path: Path):
+def test_a_bad_value_is_refused_before_lightning_is_imported(
+    script: str, override: str, key: str, tmp_path: Path
+) -> None:
     """A refusal costs ~2 s, not Lightning's import (~5 s more): the callbacks Hydra starts every run with and the
     checks of plain values import none of it; only a value whose check needs a class (data, callbacks) does."""
     argv = [script, override, f"hydra.run.dir={tmp_path}/run", f"paths.log_dir={tmp_path}/outputs"]
