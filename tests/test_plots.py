@@ -16,6 +16,8 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.text import Text
+from matplotlib.transforms import Bbox
 from omegaconf import open_dict
 
 import attnlab.resolvers  # noqa: F401
@@ -432,6 +434,39 @@ def test_table1_figures_name_the_protocol_lr_seeds_and_our_model(tmp_path: Path,
     steps = trajectory_figure(cfg, pd.DataFrame(trajectory), paper_numbers.TABLE1)
     assert "SSA only" in steps.subfigs[1].get_suptitle()
     assert steps.subfigs[1].legends[0].get_texts()[0].get_text() == "T, 1 option (node 7)"
+
+
+def test_tradeoff_names_of_close_variants_do_not_print_over_each_other(tmp_path: Path) -> None:
+    """Four variants within a marker of each other (as softpick and softmax1 in the cpu_long table): each name lands
+    inside the panel where it covers no other name and no other point's marker, and still points at its own
+    mean, with a line to it once it is farther than the first ring of places."""
+    close = pd.DataFrame(
+        {"x": [80.0, 80.3, 80.1, 80.2, 95.0], "x_std": 1.0, "y": [2.0, 2.02, 1.98, 2.01, 4.6], "y_std": 0.3},
+        index=["softpick", "softmax1", "sink (1 seed)", "gated", "vanilla"],
+    )
+    fig = rendered(
+        plots.tradeoff_figure([plots.TradeoffPanel("w8a8_gap_pct", close)], "perplexity", "vanilla", "close"),
+        tmp_path / "close.png",
+    )
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    (ax,) = fig.axes
+    boxes = {t.get_text(): Text.get_window_extent(t, renderer) for t in ax.texts}  # the name, not its leader
+    assert len(boxes) == 5 and any(t.arrow_patch is not None for t in ax.texts)  # four close: one goes far
+    panel = ax.get_window_extent(renderer)
+    assert all(panel.x0 <= b.x0 and b.x1 <= panel.x1 and panel.y0 <= b.y0 and b.y1 <= panel.y1 for b in boxes.values())
+    for (one, box), (other, target) in itertools.combinations(boxes.items(), 2):
+        assert not box.overlaps(target), f"{one!r} prints over {other!r}"
+    for name in close.index:
+        text = next(t for t in ax.texts if t.get_text() == name)
+        assert text.xy == pytest.approx((close.loc[name, "x"], close.loc[name, "y"]))
+        x, y = ax.transData.transform(text.xy)
+        for other in close.index.drop(name):
+            ox, oy = ax.transData.transform((close.loc[other, "x"], close.loc[other, "y"]))
+            marker = Bbox.from_bounds(ox - 3, oy - 3, 6, 6)
+            assert not boxes[name].overlaps(marker), f"{name!r} covers {other!r}'s marker"
+        assert boxes[name].x0 - 40 < x < boxes[name].x1 + 40 and boxes[name].y0 - 40 < y < boxes[name].y1 + 40
+        assert (text.arrow_patch is not None) == (abs(text.xyann[1]) > plots.LEADER_BEYOND_PT)  # a far name: a line
 
 
 def test_a_tables_tradeoff_figure_puts_each_variant_at_its_means_with_the_baseline_marked(tmp_path: Path) -> None:

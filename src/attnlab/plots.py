@@ -20,11 +20,14 @@ import matplotlib as mpl
 import numpy as np
 import pandas as pd
 from cycler import cycler
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import ListedColormap, Normalize
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
+from matplotlib.text import Annotation
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogFormatter, MaxNLocator
+from matplotlib.transforms import Bbox
 
 # Okabe & Ito's colour-blind-safe colours (yellow left out: too pale for lines on white), then three of Paul Tol's
 # that stay apart from them; each series also gets its own marker, so even 10 lines read apart in grey print
@@ -460,6 +463,62 @@ def effects_figure(panels: Sequence[EffectPanel], title: str, caption: str = "",
     return fig
 
 
+# where a point's name may go, in points from the point: above right first, then the other sides, then farther out
+LABEL_OFFSETS = tuple((dx, dy) for dy in (4, -11, 14, -21, 24, -31) for dx in (4, -4))
+LEADER_BEYOND_PT = 11  # a name moved farther than this from its point gets a thin line to it
+MARKER_CLEARANCE_PX = 4.0  # half the side of the box a name keeps off another point's marker
+LABEL_PADDING_PX = 2.0  # two names side by side would read as one
+
+
+def first_clear_place(name: Annotation, renderer: Any, taken: Sequence[Bbox], within: Bbox | None) -> Bbox | None:
+    """Moves ``name`` through ``LABEL_OFFSETS`` and stops at the first where its (padded) box overlaps none of
+    ``taken`` and lies inside ``within`` (if given): that box, or None with the name at the last offset."""
+    for dx, dy in LABEL_OFFSETS:
+        name.set_position((dx, dy))
+        name.set_horizontalalignment("left" if dx > 0 else "right")
+        box = name.get_window_extent(renderer).padded(LABEL_PADDING_PX)
+        inside = within is None or (
+            within.x0 <= box.x0 and box.x1 <= within.x1 and within.y0 <= box.y0 <= box.y1 <= within.y1
+        )
+        if inside and not any(box.overlaps(other) for other in taken):
+            return box
+    return None
+
+
+def spread_labels(fig: Figure, names: Sequence[Annotation]) -> None:
+    """Moves each point's name (in order) to the first of ``LABEL_OFFSETS`` where it covers no name placed before it
+    and no other point's marker, inside its panel if it can, or leaves it at the last one tried, with a leader line
+    when it ends up far from its point: variants with close means would otherwise print their names over each other.
+    Measured on the figure as laid out, so it runs after every other artist is drawn."""
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw_without_rendering()
+    anchors = [name.axes.transData.transform(name.xy) for name in names]
+    side = 2 * MARKER_CLEARANCE_PX
+    placed: list[Bbox] = []
+    for index, name in enumerate(names):
+        taken = placed + [
+            Bbox.from_bounds(x - MARKER_CLEARANCE_PX, y - MARKER_CLEARANCE_PX, side, side)
+            for other, (x, y) in enumerate(anchors)
+            if other != index and names[other].axes is name.axes
+        ]
+        panel = name.axes.get_window_extent(renderer)
+        box = first_clear_place(name, renderer, taken, panel) or first_clear_place(name, renderer, taken, None)
+        placed.append(box or name.get_window_extent(renderer).padded(LABEL_PADDING_PX))
+        dx, dy = name.xyann
+        if abs(dy) > LEADER_BEYOND_PT:
+            leader = {"arrowstyle": "-", "color": "#888888", "linewidth": 0.5, "shrinkA": 1, "shrinkB": 3}
+            name.axes.annotate(
+                name.get_text(),
+                name.xy,
+                xytext=(dx, dy),
+                textcoords="offset points",
+                fontsize=name.get_fontsize(),
+                horizontalalignment=name.get_horizontalalignment(),
+                arrowprops=leader,
+            )
+            name.remove()
+
+
 @dataclass
 class TradeoffPanel:
     """One y metric against the shared x metric: per variant label, ``x``/``y`` means and their ``x_std``/``y_std``
@@ -479,6 +538,7 @@ def tradeoff_figure(
     with style():
         fig = Figure(figsize=(5.2 * len(panels) + 0.6, 5.0), layout="constrained")
         axes = fig.subplots(1, len(panels), squeeze=False, sharex=True)[0]
+        names: list[Annotation] = []
         for ax, panel in zip(axes, panels, strict=True):
             points = panel.points.astype(float)
             for index, (label, point) in enumerate(points.iterrows()):
@@ -500,7 +560,11 @@ def tradeoff_figure(
                     capsize=2,
                     linewidth=1,
                 )
-                ax.annotate(str(label), (point["x"], point["y"]), xytext=(4, 4), textcoords="offset points", fontsize=7)
+                names.append(
+                    ax.annotate(
+                        str(label), (point["x"], point["y"]), xytext=(4, 4), textcoords="offset points", fontsize=7
+                    )
+                )
             if baseline in points.index:
                 ax.axvline(points.loc[baseline, "x"], color="#000000", linestyle="--", linewidth=0.8)
                 ax.axhline(points.loc[baseline, "y"], color="#000000", linestyle="--", linewidth=0.8)
@@ -519,6 +583,7 @@ def tradeoff_figure(
         ]
         fig.legend(handles=entries, loc="outside lower center", ncols=2)
         fig.suptitle(title + (f"\n{caption}" if caption else ""))
+        spread_labels(fig, names)
     return fig
 
 
