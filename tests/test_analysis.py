@@ -36,6 +36,7 @@ from attnlab.eval.analysis import (
     token_temperatures,
     w8a8_perplexity,
 )
+from attnlab.eval.analysis.common import attention_maps
 from attnlab.eval.analysis.outliers import (
     ActivationQuantizer,
     describe_dimensions,
@@ -49,7 +50,7 @@ from attnlab.eval.analysis.outliers import (
     weight_targets,
 )
 from attnlab.eval.analysis.pruning import write_pruning_csv
-from attnlab.eval.analysis.sinks import entropy_lines, row_entropy, sink_epsilon
+from attnlab.eval.analysis.sinks import entropy_lines, row_entropy, sink_epsilon, sink_logits
 from attnlab.models import GPT, ModelConfig
 from attnlab.nn_utils import forward_hooks
 from attnlab.training.module import LanguageModel
@@ -530,6 +531,34 @@ def test_gate_mean_matches_the_gate_computed_by_hand() -> None:
     assert gate_statistics(model, batch)["layers"][0]["mean"] == pytest.approx(hand, rel=1e-5)
 
 
+@pytest.mark.parametrize("attention", ["sink", "softmax1"])
+def test_sink_logits_and_the_share_the_sink_takes_match_the_dropped_softmax_column(attention: str) -> None:
+    model, batch = tiny(attention), rows()
+    learned = attention == "sink"
+    if learned:
+        with torch.no_grad():
+            for i, block in enumerate(model.blocks):
+                block.attn.variant.sinks.copy_(torch.tensor([-1.0, 0.0, 1.5, 3.0]) + i)
+    dropped = {}
+
+    def add(i: int, probabilities: torch.Tensor) -> None:
+        dropped[i] = (1 - probabilities.double().sum(dim=-1)).transpose(0, 1).flatten(1).mean(dim=1)
+
+    with torch.no_grad(), attention_maps(model, add):
+        model(batch)
+    result = sink_logits(model, batch)
+    for i, layer in enumerate(result["layers"]):
+        expected = [-1.0 + i, i, 1.5 + i, 3.0 + i] if learned else [0.0] * 4
+        assert layer["logits"] == pytest.approx(expected)
+        assert layer["mass_per_head"] == pytest.approx(dropped[i].tolist(), rel=1e-5)
+    if learned:  # a larger sink logit takes more of every row
+        assert result["layers"][0]["mass_per_head"] == sorted(result["layers"][0]["mass_per_head"])
+    assert result["sink_logit_mean"] == pytest.approx(0.875 + 0.5 if learned else 0.0)
+    assert result["sink_mass"] == pytest.approx(torch.stack(list(dropped.values())).mean().item(), rel=1e-5)
+    assert no_hooks(model)
+    assert sink_logits(tiny(), batch) is None
+
+
 # ---------------------------------------------------------------- selective attention
 
 
@@ -674,7 +703,7 @@ def tokenizer():
     return train_bpe_tokenizer([text], 300), text
 
 
-@pytest.mark.parametrize("attention", ["vanilla", "ssa", "gated_sdpa"])
+@pytest.mark.parametrize("attention", ["vanilla", "ssa", "gated_sdpa", "sink"])
 def test_run_analysis_writes_every_applicable_file(attention: str, tokenizer, tmp_path: Path, caplog) -> None:
     caplog.set_level(logging.INFO, logger="attnlab.eval.analysis")
     tok, text = tokenizer
@@ -707,6 +736,10 @@ def test_run_analysis_writes_every_applicable_file(attention: str, tokenizer, tm
     assert any(m.startswith("analysis: pruning (") for m in progress) and any("done in" in m for m in progress)
     assert sum(m.startswith("pruning: ") for m in progress) == 6  # one line per order
     assert ("gate value" in printed) == (attention == "gated_sdpa")
+    assert ("attention to the sink" in printed) == ("sink_mass" in saved["summary"]) == (attention == "sink")
+    if attention == "sink":  # learned logits start at 0
+        assert saved["summary"]["sink_logit_mean"] == saved["summary"]["sink_logit_max"] == 0.0
+        assert 0 < saved["summary"]["sink_mass"] < 1
 
 
 def test_sink_epsilon_runs_where_rows_hold_its_window_and_draws_the_heads(tokenizer, tmp_path: Path) -> None:

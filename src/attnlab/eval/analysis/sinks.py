@@ -194,6 +194,44 @@ def gate_statistics(model: nn.Module, tokens: Tokens, bins: int = 20) -> dict[st
     return {"layers": layers, "mean": sum(means) / len(means)}
 
 
+@torch.no_grad()
+def sink_logits(model: nn.Module, tokens: Tokens) -> dict[str, Any] | None:
+    """Per layer of a model with gpt-oss sink logits (``attention=sink``, ``softmax1``): the logits s_h per head and
+    the mean share of each row's attention the sink takes, sigmoid(s_h - lse_i), over every query of ``tokens``.
+    None for models without a sink: what a learned sink became, which the first-token shares cannot show.
+
+    ``sink_logit_mean`` is the mean over layers and heads; ``sink_mass`` the mean over layers of that share."""
+    model = unwrap(model)
+    variants = [block.attn.variant for block in model.blocks]
+    if not any("sink_mass" in v.probes() for v in variants):
+        return None
+    with evaluating(model), recording(model) as recorded:
+        for batch in as_batches(tokens, device_of(model)):
+            model(batch)
+    layers = []
+    for variant, probes in zip(variants, recorded, strict=True):
+        if "sink_mass" not in probes:
+            layers.append(None)
+            continue
+        mass = torch.cat([m.double().transpose(0, 1).flatten(1) for m in probes["sink_mass"]], dim=1)  # (H, rows)
+        layers.append(
+            {
+                "logits": variant.sinks.double().tolist(),
+                "mass_per_head": mass.mean(dim=1).tolist(),
+                "mass": mass.mean().item(),
+            }
+        )
+    present = [layer for layer in layers if layer is not None]
+    logits = [logit for layer in present for logit in layer["logits"]]
+    return {
+        "layers": layers,
+        "sink_logit_mean": sum(logits) / len(logits),
+        "sink_logit_min": min(logits),
+        "sink_logit_max": max(logits),
+        "sink_mass": sum(layer["mass"] for layer in present) / len(present),
+    }
+
+
 def entropy_lines(section: dict[str, Any]) -> list[str]:
     """The printout's entropy line; none for a section recorded before it had the entropy (the README's samples)."""
     if "attention_entropy" not in section:
@@ -260,3 +298,20 @@ def _sink_epsilon(inputs: AnalysisInputs) -> dict[str, Any] | None:
 )
 def _gates(inputs: AnalysisInputs) -> dict[str, Any] | None:
     return gate_statistics(inputs.model, inputs.batches, inputs.options["gate_bins"])
+
+
+@register_metric(
+    "sink_logits",
+    headline={
+        "sink_logit_mean": "sink_logit_mean",
+        "sink_logit_min": "sink_logit_min",
+        "sink_logit_max": "sink_logit_max",
+        "sink_mass": "sink_mass",
+    },
+    describe=lambda s: [
+        per_layer_line("sink logit", [sum(la["logits"]) / len(la["logits"]) for la in s["layers"] if la is not None]),
+        per_layer_line("attention to the sink", [layer["mass"] for layer in s["layers"] if layer is not None]),
+    ],
+)
+def _sink_logits(inputs: AnalysisInputs) -> dict[str, Any] | None:
+    return sink_logits(inputs.model, inputs.batches)
