@@ -151,6 +151,20 @@ def recording(model: nn.Module) -> Iterator[list[dict[str, list[Tensor]]]]:
             variant.recorded = None
 
 
+def probed(model: nn.Module, tokens: Tokens, probe: str) -> list[tuple[nn.Module, list[Tensor]] | None] | None:
+    """Per layer, its variant and what it recorded as ``probe`` over every batch of ``tokens`` (None for a layer
+    without that probe); None when no layer has it, so a metric that needs it does not apply."""
+    model = unwrap(model)
+    variants = [block.attn.variant for block in model.blocks]
+    if not any(probe in variant.probes() for variant in variants):
+        return None
+    with evaluating(model), recording(model) as recorded:
+        for batch in as_batches(tokens, device_of(model)):
+            model(batch)
+    layers = zip(variants, recorded, strict=True)
+    return [(variant, probes[probe]) if probe in probes else None for variant, probes in layers]
+
+
 @contextmanager
 def attention_maps(model: GPT, consume: Callable[[int, Tensor], None]) -> Iterator[None]:
     """Route every layer through its plain-math reference path and hand each map (B, H, T, T) to

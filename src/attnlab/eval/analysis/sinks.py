@@ -18,7 +18,7 @@ from attnlab.eval.analysis.common import (
     device_of,
     evaluating,
     per_layer_line,
-    recording,
+    probed,
     register_metric,
     unwrap,
 )
@@ -167,19 +167,16 @@ def gate_statistics(model: nn.Module, tokens: Tokens, bins: int = 20) -> dict[st
     the seed reports means around 0.1-0.25 (sparse) for its SDPA gate. None for models without gates.
 
     The gate is what the variant records as its "gate" probe, before any fine-tuning rescale."""
-    model = unwrap(model)
-    variants = [block.attn.variant for block in model.blocks]
-    if not any("gate" in v.probes() for v in variants):
+    per_layer = probed(model, tokens, "gate")
+    if per_layer is None:
         return None
-    with evaluating(model), recording(model) as recorded:
-        for batch in as_batches(tokens, device_of(model)):
-            model(batch)
     layers = []
-    for variant, probes in zip(variants, recorded, strict=True):
-        if "gate" not in probes:
+    for layer in per_layer:
+        if layer is None:
             layers.append(None)
             continue
-        flat = torch.cat([gate.flatten() for gate in probes["gate"]])
+        variant, gates = layer
+        flat = torch.cat([gate.flatten() for gate in gates])
         bounded = getattr(variant.options, "activation", "sigmoid") != "silu"
         low, high = (0.0, 1.0) if bounded else (flat.min().item(), flat.max().item())
         layers.append(
@@ -201,19 +198,16 @@ def sink_logits(model: nn.Module, tokens: Tokens) -> dict[str, Any] | None:
     None for models without a sink: what a learned sink became, which the first-token shares cannot show.
 
     ``sink_logit_mean`` is the mean over layers and heads; ``sink_mass`` the mean over layers of that share."""
-    model = unwrap(model)
-    variants = [block.attn.variant for block in model.blocks]
-    if not any("sink_mass" in v.probes() for v in variants):
+    per_layer = probed(model, tokens, "sink_mass")
+    if per_layer is None:
         return None
-    with evaluating(model), recording(model) as recorded:
-        for batch in as_batches(tokens, device_of(model)):
-            model(batch)
     layers = []
-    for variant, probes in zip(variants, recorded, strict=True):
-        if "sink_mass" not in probes:
+    for layer in per_layer:
+        if layer is None:
             layers.append(None)
             continue
-        mass = torch.cat([m.double().transpose(0, 1).flatten(1) for m in probes["sink_mass"]], dim=1)  # (H, rows)
+        variant, masses = layer
+        mass = torch.cat([m.double().transpose(0, 1).flatten(1) for m in masses], dim=1)  # (H, rows)
         layers.append(
             {
                 "logits": variant.sinks.double().tolist(),
