@@ -151,9 +151,11 @@ def recording(model: nn.Module) -> Iterator[list[dict[str, list[Tensor]]]]:
             variant.recorded = None
 
 
-def probed(model: nn.Module, tokens: Tokens, probe: str) -> list[tuple[nn.Module, list[Tensor]] | None] | None:
-    """Per layer, its variant and what it recorded as ``probe`` over every batch of ``tokens`` (None for a layer
-    without that probe); None when no layer has it, so a metric that needs it does not apply."""
+def probed(
+    model: nn.Module, tokens: Tokens, probe: str, describe: Callable[[nn.Module, list[Tensor]], dict[str, Any]]
+) -> list[dict[str, Any] | None] | None:
+    """Per layer, ``describe(variant, values)`` of what its variant recorded as ``probe`` over every batch of
+    ``tokens`` (None for a layer without that probe); None when no layer has it, so the metric does not apply."""
     model = unwrap(model)
     variants = [block.attn.variant for block in model.blocks]
     if not any(probe in variant.probes() for variant in variants):
@@ -162,7 +164,7 @@ def probed(model: nn.Module, tokens: Tokens, probe: str) -> list[tuple[nn.Module
         for batch in as_batches(tokens, device_of(model)):
             model(batch)
     layers = zip(variants, recorded, strict=True)
-    return [(variant, probes[probe]) if probe in probes else None for variant, probes in layers]
+    return [describe(variant, probes[probe]) if probe in probes else None for variant, probes in layers]
 
 
 @contextmanager

@@ -167,26 +167,21 @@ def gate_statistics(model: nn.Module, tokens: Tokens, bins: int = 20) -> dict[st
     the seed reports means around 0.1-0.25 (sparse) for its SDPA gate. None for models without gates.
 
     The gate is what the variant records as its "gate" probe, before any fine-tuning rescale."""
-    per_layer = probed(model, tokens, "gate")
-    if per_layer is None:
-        return None
-    layers = []
-    for layer in per_layer:
-        if layer is None:
-            layers.append(None)
-            continue
-        variant, gates = layer
+
+    def describe(variant: nn.Module, gates: list[Tensor]) -> dict[str, Any]:
         flat = torch.cat([gate.flatten() for gate in gates])
         bounded = getattr(variant.options, "activation", "sigmoid") != "silu"
         low, high = (0.0, 1.0) if bounded else (flat.min().item(), flat.max().item())
-        layers.append(
-            {
-                "mean": flat.mean().item(),
-                "fraction_below_0.1": (flat < 0.1).double().mean().item(),
-                "histogram": torch.histc(flat, bins=bins, min=low, max=high).long().tolist(),
-                "histogram_range": [low, high],
-            }
-        )
+        return {
+            "mean": flat.mean().item(),
+            "fraction_below_0.1": (flat < 0.1).double().mean().item(),
+            "histogram": torch.histc(flat, bins=bins, min=low, max=high).long().tolist(),
+            "histogram_range": [low, high],
+        }
+
+    layers = probed(model, tokens, "gate", describe)
+    if layers is None:
+        return None
     means = [layer["mean"] for layer in layers if layer is not None]
     return {"layers": layers, "mean": sum(means) / len(means)}
 
@@ -198,23 +193,15 @@ def sink_logits(model: nn.Module, tokens: Tokens) -> dict[str, Any] | None:
     None for models without a sink: what a learned sink became, which the first-token shares cannot show.
 
     ``sink_logit_mean`` is the mean over layers and heads; ``sink_mass`` the mean over layers of that share."""
-    per_layer = probed(model, tokens, "sink_mass")
-    if per_layer is None:
-        return None
-    layers = []
-    for layer in per_layer:
-        if layer is None:
-            layers.append(None)
-            continue
-        variant, masses = layer
+
+    def describe(variant: nn.Module, masses: list[Tensor]) -> dict[str, Any]:
         mass = torch.cat([m.double().transpose(0, 1).flatten(1) for m in masses], dim=1)  # (H, rows)
-        layers.append(
-            {
-                "logits": variant.sinks.double().tolist(),
-                "mass_per_head": mass.mean(dim=1).tolist(),
-                "mass": mass.mean().item(),
-            }
-        )
+        logits = variant.sinks.double().tolist()
+        return {"logits": logits, "mass_per_head": mass.mean(dim=1).tolist(), "mass": mass.mean().item()}
+
+    layers = probed(model, tokens, "sink_mass", describe)
+    if layers is None:
+        return None
     present = [layer for layer in layers if layer is not None]
     logits = [logit for layer in present for logit in layer["logits"]]
     return {
