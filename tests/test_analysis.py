@@ -31,6 +31,8 @@ from attnlab.eval.analysis import (
     pruning_curves,
     qk_operator_norms,
     run_analysis,
+    sink_epsilon,
+    sink_logits,
     spikiness,
     temperature_html,
     token_temperatures,
@@ -50,7 +52,7 @@ from attnlab.eval.analysis.outliers import (
     weight_targets,
 )
 from attnlab.eval.analysis.pruning import write_pruning_csv
-from attnlab.eval.analysis.sinks import entropy_lines, row_entropy, sink_epsilon, sink_logits
+from attnlab.eval.analysis.sinks import entropy_lines, row_entropy
 from attnlab.models import GPT, ModelConfig
 from attnlab.nn_utils import forward_hooks
 from attnlab.training.module import LanguageModel

@@ -14,7 +14,7 @@ from attnlab.eval.analysis.selectivity import (
     temperature_png,
     token_temperatures,
 )
-from attnlab.eval.analysis.sinks import attention_sinks, gate_statistics
+from attnlab.eval.analysis.sinks import attention_sinks, gate_statistics, sink_epsilon, sink_logits
 
 __all__ = [
     "activation_outliers",
@@ -29,6 +29,8 @@ __all__ = [
     "pruning_curves",
     "qk_operator_norms",
     "run_analysis",
+    "sink_epsilon",
+    "sink_logits",
     "spikiness",
     "temperature_html",
     "temperature_png",
